@@ -1,0 +1,1 @@
+"""diffq: text-to-image diffusion as durable asynchronous jobs (domain, API and CLI)."""

@@ -1,0 +1,152 @@
+"""The operator's model catalog: where each model lives, its limits and its queue."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from app.config import Settings
+
+# RabbitMQ 3.x cancels a consumer whose delivery stays unacked for consumer_timeout
+# (30 min by default); a job's hard time limit must end well before that.
+CONSUMER_TIMEOUT_SECONDS = 1800
+TIME_LIMIT_HEADROOM_SECONDS = 300
+
+DTYPES = ("float32", "float16", "bfloat16")
+SCHEDULERS = ("default", "ddim", "euler", "euler_a", "dpm++", "pndm", "lms")
+
+
+class CatalogError(ValueError):
+    """The models file is missing, malformed or asks for something unsafe."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    path: Path
+    queue: str
+    dtype: str = "float16"
+    min_size: int = 64
+    max_width: int = 1024
+    max_height: int = 1024
+    max_pixels: int = 1024 * 1024
+    size_multiple: int = 8
+    default_width: int = 512
+    default_height: int = 512
+    max_steps: int = 100
+    default_steps: int = 30
+    max_guidance: float = 30.0
+    default_guidance: float = 7.5
+    max_num_images: int = 4
+    max_prompt_chars: int = 2000
+    soft_time_limit: int = 600
+    time_limit: int = 660
+    schedulers: tuple[str, ...] = field(default=SCHEDULERS)
+
+    def check(self) -> None:
+        if self.dtype not in DTYPES:
+            raise CatalogError(f"model {self.name!r}: dtype must be one of {DTYPES}")
+        if not self.queue:
+            raise CatalogError(f"model {self.name!r}: queue is required")
+        if self.size_multiple <= 0 or self.min_size % self.size_multiple:
+            raise CatalogError(f"model {self.name!r}: min_size must be a multiple of size_multiple")
+        for dim in ("default_width", "default_height"):
+            value = getattr(self, dim)
+            if value % self.size_multiple or not self.min_size <= value:
+                raise CatalogError(f"model {self.name!r}: {dim} breaks the model's own limits")
+        if self.default_width * self.default_height > self.max_pixels:
+            raise CatalogError(f"model {self.name!r}: default size exceeds max_pixels")
+        if not 1 <= self.default_steps <= self.max_steps:
+            raise CatalogError(f"model {self.name!r}: default_steps must be in 1..max_steps")
+        if not 0 < self.soft_time_limit < self.time_limit:
+            raise CatalogError(f"model {self.name!r}: need 0 < soft_time_limit < time_limit")
+        if self.time_limit > CONSUMER_TIMEOUT_SECONDS - TIME_LIMIT_HEADROOM_SECONDS:
+            raise CatalogError(
+                f"model {self.name!r}: time_limit {self.time_limit}s must stay below RabbitMQ's "
+                f"consumer_timeout ({CONSUMER_TIMEOUT_SECONDS}s) minus "
+                f"{TIME_LIMIT_HEADROOM_SECONDS}s"
+            )
+        unknown = set(self.schedulers) - set(SCHEDULERS)
+        if unknown:
+            raise CatalogError(f"model {self.name!r}: unknown schedulers {sorted(unknown)}")
+
+
+@dataclass(frozen=True)
+class Catalog:
+    models: dict[str, ModelSpec]
+    default_model: str
+
+    def get(self, name: str | None) -> ModelSpec | None:
+        return self.models.get(name or self.default_model)
+
+    @property
+    def queues(self) -> list[str]:
+        return sorted({m.queue for m in self.models.values()})
+
+    def models_for_queues(self, queues: list[str]) -> list[ModelSpec]:
+        return [m for m in self.models.values() if m.queue in queues]
+
+
+def tiny_spec(path: Path, name: str = "tiny", queue: str = "gpu.tiny") -> ModelSpec:
+    """The limits that suit the tiny random-weight model (CPU-friendly sizes)."""
+    return ModelSpec(
+        name=name,
+        path=path,
+        queue=queue,
+        dtype="float32",
+        max_width=512,
+        max_height=512,
+        max_pixels=512 * 512,
+        default_width=64,
+        default_height=64,
+        max_steps=50,
+        default_steps=8,
+        soft_time_limit=120,
+        time_limit=180,
+    )
+
+
+_SPEC_FIELDS = {f.name for f in fields(ModelSpec)}
+
+
+def _spec_from_table(name: str, table: dict, base_dir: Path) -> ModelSpec:
+    unknown = set(table) - _SPEC_FIELDS
+    if unknown:
+        raise CatalogError(f"model {name!r}: unknown keys {sorted(unknown)}")
+    if "path" not in table:
+        raise CatalogError(f"model {name!r}: path is required")
+    values = dict(table)
+    path = Path(values.pop("path")).expanduser()
+    values["path"] = path if path.is_absolute() else (base_dir / path)
+    values.setdefault("queue", f"gpu.{name}")
+    if "schedulers" in values:
+        values["schedulers"] = tuple(values["schedulers"])
+    try:
+        spec = ModelSpec(name=name, **values)
+    except TypeError as exc:
+        raise CatalogError(f"model {name!r}: {exc}") from exc
+    spec.check()
+    return spec
+
+
+def load_catalog(settings: Settings) -> Catalog:
+    """The models file named by DIFFQ_MODELS_FILE, or the tiny model alone."""
+    if settings.models_file is None:
+        spec = tiny_spec(settings.tiny_model_dir)
+        return Catalog(models={spec.name: spec}, default_model=spec.name)
+    try:
+        data = tomllib.loads(settings.models_file.read_text())
+    except FileNotFoundError as exc:
+        raise CatalogError(f"models file {settings.models_file} does not exist") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"models file {settings.models_file}: {exc}") from exc
+    tables = data.get("models") or {}
+    if not tables:
+        raise CatalogError(f"models file {settings.models_file} defines no [models.NAME] table")
+    base_dir = settings.models_file.parent
+    models = {name: _spec_from_table(name, t, base_dir) for name, t in tables.items()}
+    default = data.get("default_model") or next(iter(models))
+    if default not in models:
+        raise CatalogError(f"default_model {default!r} is not defined")
+    return Catalog(models=models, default_model=default)

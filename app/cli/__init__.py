@@ -1,0 +1,32 @@
+"""The `diffq` command: run the service's parts and administer it."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from app.cli import admin, client, serve
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="diffq", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve.register(commands)
+    client.register(commands)
+    admin.register(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args) or 0
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError, FileExistsError, client.ApiError) as exc:
+        print(f"diffq: {exc}", file=sys.stderr)
+        return 2

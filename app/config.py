@@ -1,0 +1,142 @@
+"""Settings read from the environment, with the embedded defaults when nothing is set."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+# kombu's filesystem transport under DIFFQ_HOME/broker (registered in app/embedded_broker.py).
+EMBEDDED_BROKER_URL = "diffqfs://localhost//"
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from exc
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything diffq reads from its environment; see the README's configuration table."""
+
+    home: Path
+    database_url: str
+    broker_url: str
+    storage_url: str
+    s3_endpoint_url: str | None
+    s3_public_endpoint_url: str | None
+    s3_region: str
+    s3_create_bucket: bool
+    presign_ttl: int
+    models_file: Path | None
+    secret_key: str
+    max_body_bytes: int
+    max_attempts: int
+    upload_retries: int
+    upload_backoff: float
+    upload_backoff_max: float
+    progress_interval: float
+    lease_seconds: float
+    sse_keepalive: float
+    priority_aging: float
+    shutdown_grace: float
+    db_retry_seconds: float
+    celery_config: str
+    publish_timeout: float
+    relay_after: float
+    api_bind: str
+    device: str
+    log_level: str
+
+    @property
+    def embedded(self) -> bool:
+        """True when the broker needs no server (the laptop mode)."""
+        return self.broker_url == EMBEDDED_BROKER_URL
+
+    @property
+    def broker_folder(self) -> Path:
+        return self.home / "broker"
+
+    @property
+    def tiny_model_dir(self) -> Path:
+        return self.home / "models" / "tiny"
+
+
+def _secret_key(env: Mapping[str, str], home: Path) -> str:
+    """The key that signs local file URLs; generated once per home when not given."""
+    given = env.get("DIFFQ_SECRET_KEY")
+    if given:
+        return given
+    path = home / "secret_key"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        home.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(key)
+        return key
+    except OSError:
+        # An unwritable home still gets a working (per-process) key.
+        return secrets.token_urlsafe(32)
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    home = Path(env.get("DIFFQ_HOME") or Path.home() / ".diffq").expanduser()
+    models_file = env.get("DIFFQ_MODELS_FILE")
+    return Settings(
+        home=home,
+        database_url=env.get("DIFFQ_DATABASE_URL") or f"sqlite:///{home / 'diffq.sqlite3'}",
+        broker_url=env.get("DIFFQ_BROKER_URL") or EMBEDDED_BROKER_URL,
+        storage_url=env.get("DIFFQ_STORAGE_URL") or f"file://{home / 'images'}",
+        s3_endpoint_url=env.get("DIFFQ_S3_ENDPOINT_URL") or None,
+        s3_public_endpoint_url=env.get("DIFFQ_S3_PUBLIC_ENDPOINT_URL") or None,
+        s3_region=env.get("DIFFQ_S3_REGION") or "us-east-1",
+        s3_create_bucket=_bool(env, "DIFFQ_S3_CREATE_BUCKET", False),
+        presign_ttl=_int(env, "DIFFQ_PRESIGN_TTL", 900),
+        models_file=Path(models_file).expanduser() if models_file else None,
+        secret_key=_secret_key(env, home),
+        max_body_bytes=_int(env, "DIFFQ_MAX_BODY_BYTES", 64 * 1024),
+        max_attempts=_int(env, "DIFFQ_MAX_ATTEMPTS", 3),
+        upload_retries=_int(env, "DIFFQ_UPLOAD_RETRIES", 5),
+        upload_backoff=_float(env, "DIFFQ_UPLOAD_BACKOFF", 0.5),
+        upload_backoff_max=_float(env, "DIFFQ_UPLOAD_BACKOFF_MAX", 8.0),
+        progress_interval=_float(env, "DIFFQ_PROGRESS_INTERVAL", 0.25),
+        lease_seconds=_float(env, "DIFFQ_LEASE_SECONDS", 60.0),
+        sse_keepalive=_float(env, "DIFFQ_SSE_KEEPALIVE", 15.0),
+        priority_aging=_float(env, "DIFFQ_PRIORITY_AGING", 300.0),
+        shutdown_grace=_float(env, "DIFFQ_SHUTDOWN_GRACE", 60.0),
+        db_retry_seconds=_float(env, "DIFFQ_DB_RETRY", 60.0),
+        celery_config=env.get("DIFFQ_CELERY_CONFIG") or "celeryconfig",
+        publish_timeout=_float(env, "DIFFQ_PUBLISH_TIMEOUT", 2.0),
+        relay_after=_float(env, "DIFFQ_RELAY_AFTER", 5.0),
+        api_bind=env.get("DIFFQ_API_BIND") or "127.0.0.1:8000",
+        device=env.get("DIFFQ_DEVICE") or "auto",
+        log_level=env.get("DIFFQ_LOG_LEVEL") or "INFO",
+    )

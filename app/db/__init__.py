@@ -1,0 +1,1 @@
+"""Persistence: typed models on one declarative base, engines and sessions, migrations."""

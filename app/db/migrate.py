@@ -1,0 +1,29 @@
+"""Run the alembic migrations from code (`diffq db upgrade`, embedded start-up, tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+
+import migrations
+
+MIGRATIONS_DIR = Path(migrations.__file__).parent
+
+
+def alembic_config(database_url: str) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    cfg.attributes["configure_logging"] = False
+    return cfg
+
+
+def upgrade(database_url: str, revision: str = "head") -> None:
+    command.upgrade(alembic_config(database_url), revision)
+
+
+def check(database_url: str) -> None:
+    """Raise if the models and the migrations disagree."""
+    command.check(alembic_config(database_url))

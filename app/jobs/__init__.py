@@ -1,0 +1,1 @@
+"""The job domain: states, creation, claiming and outcomes, free of Flask and torch."""

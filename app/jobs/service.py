@@ -1,0 +1,145 @@
+"""Creating, finding and listing jobs; the outbox's and the relay's queries."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from app.db.models import Job
+from app.db.types import utcnow
+from app.jobs.states import JobStatus, Priority
+from app.jobs.transitions import progress_of, relaxed_commit
+
+
+def create_job(
+    session: Session,
+    tenant_id: uuid.UUID,
+    *,
+    model: str,
+    queue: str,
+    priority: Priority,
+    params: dict[str, Any],
+    metadata: dict[str, Any] | None,
+    deadline_seconds: int | None = None,
+    idempotency_key: str | None = None,
+    request_hash: str | None = None,
+) -> Job:
+    now = utcnow()
+    job = Job(
+        created_at=now,
+        tenant_id=tenant_id,
+        status=JobStatus.QUEUED,
+        model=model,
+        queue=queue,
+        priority=priority,
+        input=params,
+        work_units=max(1, int(params.get("steps", 1))) * max(1, int(params.get("num_images", 1))),
+        client_metadata=metadata,
+        publish_priority=priority.amqp,
+        progress=progress_of("queued", 0, params.get("steps", 0)),
+        attempts=0,
+        deadline_at=now + timedelta(seconds=deadline_seconds) if deadline_seconds else None,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+    )
+    session.add(job)
+    session.flush()
+    return job
+
+
+def get_job(session: Session, tenant_id: uuid.UUID, job_id: uuid.UUID) -> Job | None:
+    return session.scalar(select(Job).where(Job.id == job_id, Job.tenant_id == tenant_id))
+
+
+def find_by_idempotency_key(session: Session, tenant_id: uuid.UUID, key: str) -> Job | None:
+    return session.scalar(select(Job).where(Job.tenant_id == tenant_id, Job.idempotency_key == key))
+
+
+def list_jobs(
+    session: Session,
+    tenant_id: uuid.UUID,
+    *,
+    limit: int,
+    status: JobStatus | None = None,
+    before: uuid.UUID | None = None,
+) -> tuple[list[Job], uuid.UUID | None]:
+    """Newest first; ids are time-ordered, so the last id seen is the cursor."""
+    query = select(Job).where(Job.tenant_id == tenant_id)
+    if status is not None:
+        query = query.where(Job.status == status)
+    if before is not None:
+        query = query.where(Job.id < before)
+    rows = list(session.scalars(query.order_by(Job.id.desc()).limit(limit + 1)))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (rows[-1].id if more and rows else None)
+
+
+def mark_published(session: Session, job_id: uuid.UUID) -> None:
+    """Record the broker's confirm. Losing this write in a crash only costs a harmless
+    second publish by the relay, so it does not wait for the WAL flush."""
+    relaxed_commit(session)
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.published_at.is_(None))
+        .values(published_at=utcnow())
+    )
+
+
+def unpublished_job_ids(
+    session: Session, older_than: datetime, limit: int = 100
+) -> list[uuid.UUID]:
+    """Queued jobs whose publish never got a broker confirm (the outbox's backlog)."""
+    query = (
+        select(Job.id)
+        .where(
+            Job.status == JobStatus.QUEUED,
+            Job.published_at.is_(None),
+            Job.created_at < older_than,
+        )
+        .order_by(Job.created_at)
+        .limit(limit)
+    )
+    return list(session.scalars(query))
+
+
+def expired_job_ids(session: Session, limit: int = 500) -> list[uuid.UUID]:
+    """Queued jobs whose cancel_after deadline has passed."""
+    query = (
+        select(Job.id)
+        .where(Job.status == JobStatus.QUEUED, Job.deadline_at <= utcnow())
+        .limit(limit)
+    )
+    return list(session.scalars(query))
+
+
+def starving_job_ids(
+    session: Session, *, waited_seconds: float, below: int, limit: int = 100
+) -> list[uuid.UUID]:
+    """Queued jobs that have waited longer than `waited_seconds` at a priority below `below`."""
+    query = (
+        select(Job.id)
+        .where(
+            Job.status == JobStatus.QUEUED,
+            Job.publish_priority < below,
+            Job.created_at < utcnow() - timedelta(seconds=waited_seconds),
+        )
+        .order_by(Job.id)
+        .limit(limit)
+    )
+    return list(session.scalars(query))
+
+
+def lease_expired_jobs(session: Session, *, limit: int = 100) -> list[Job]:
+    """Running jobs whose worker stopped renewing its claim."""
+    query = (
+        select(Job)
+        .where(Job.status == JobStatus.RUNNING, Job.lease_expires_at < utcnow())
+        .order_by(Job.lease_expires_at)
+        .limit(limit)
+    )
+    return list(session.scalars(query))

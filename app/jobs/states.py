@@ -1,0 +1,51 @@
+"""The job lifecycle, its error codes and priorities.
+
+queued -> running -> succeeded | failed | canceled; queued -> failed | canceled.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED})
+
+
+class ErrorCode(StrEnum):
+    INVALID_INPUT = "invalid_input"
+    INVALID_MESSAGE = "invalid_message"
+    MODEL_UNAVAILABLE = "model_unavailable"
+    GPU_OOM = "gpu_oom"
+    TIMEOUT = "timeout"
+    STORAGE_UNAVAILABLE = "storage_unavailable"
+    DEAD_LETTERED = "dead_lettered"
+    INTERNAL = "internal_error"
+    # Why a job ended canceled:
+    CANCELED = "canceled"  # the client asked
+    DEADLINE = "deadline"  # not started before its cancel_after
+
+
+class Priority(StrEnum):
+    LOW = "low"
+    NORMAL = "normal"
+    HIGH = "high"
+
+    @property
+    def amqp(self) -> int:
+        """The AMQP message priority (queues declare x-max-priority=MAX_AMQP_PRIORITY)."""
+        return {"low": 1, "normal": 5, "high": 9}[self.value]
+
+
+MAX_AMQP_PRIORITY = 9

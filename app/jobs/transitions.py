@@ -1,0 +1,292 @@
+"""The lifecycle's state changes: each a conditional UPDATE from the expected state.
+
+Every change bumps `jobs.version` and notifies watchers on commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import ColumnElement, func, text, update
+from sqlalchemy.orm import Session
+
+from app.db.models import Job
+from app.db.types import utcnow
+from app.jobs.notify import CANCEL_CHANNEL, JOB_CHANNEL, job_changed_payload, notify
+from app.jobs.states import ErrorCode, JobStatus
+
+
+def relaxed_commit(session: Session) -> None:
+    """This transaction's commit returns before its WAL reaches disk (PostgreSQL only):
+    for writes whose loss in a crash is harmless."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SET LOCAL synchronous_commit = off"))
+
+
+def progress_of(stage: str, step: int = 0, total_steps: int = 0) -> dict[str, Any]:
+    percent = round(100.0 * step / total_steps, 1) if total_steps else 0.0
+    if stage in ("uploading", "done"):
+        percent = 100.0
+    return {"stage": stage, "step": step, "total_steps": total_steps, "percent": percent}
+
+
+def change(session: Session, job_id: uuid.UUID, *conditions: ColumnElement, **values) -> bool:
+    """UPDATE the job if `conditions` hold; bump its version and notify. True if it changed."""
+    queue = session.execute(
+        update(Job)
+        .where(Job.id == job_id, *conditions)
+        .values(version=Job.version + 1, updated_at=utcnow(), **values)
+        .returning(Job.queue)
+    ).scalar()
+    if queue is None:
+        return False
+    moved = "status" in values or "publish_priority" in values
+    notify(session, JOB_CHANNEL, job_changed_payload(job_id, queue, moved))
+    return True
+
+
+class ClaimKind(StrEnum):
+    CLAIMED = "claimed"
+    MISSING = "missing"  # no such job: nothing to do
+    FINISHED = "finished"  # already terminal: a redelivery or a duplicate publish
+    BUSY = "busy"  # running under another delivery that is still alive
+    EXHAUSTED = "exhausted"  # the attempt cap is reached: dead-letter it
+    EXPIRED = "expired"  # its deadline passed before it started: canceled, never run
+
+
+@dataclass(frozen=True)
+class Claim:
+    kind: ClaimKind
+    job: Job | None = None
+
+
+def claim_job(
+    session: Session,
+    job_id: uuid.UUID,
+    *,
+    owner: str,
+    redelivered: bool,
+    max_attempts: int,
+    lease_seconds: float,
+) -> Claim:
+    """Take a job for running, or say why not.
+
+    A `running` job is taken over only by a redelivered message: RabbitMQ redelivers
+    only after the consumer that held it is gone, whereas a fresh duplicate (a second
+    publish by the relay) meeting a running job means that job is in good hands.
+    """
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        return Claim(ClaimKind.MISSING)
+    if job.status.terminal:
+        return Claim(ClaimKind.FINISHED, job)
+    if job.status == JobStatus.RUNNING and not redelivered:
+        return Claim(ClaimKind.BUSY, job)
+    now = utcnow()
+    if job.status == JobStatus.QUEUED and job.deadline_at is not None and job.deadline_at <= now:
+        cancel_expired(session, job_id)
+        return Claim(ClaimKind.EXPIRED, job)
+    if job.attempts >= max_attempts:
+        return Claim(ClaimKind.EXHAUSTED, job)
+    claimed = change(
+        session,
+        job_id,
+        Job.status == job.status,
+        Job.attempts == job.attempts,
+        status=JobStatus.RUNNING,
+        attempts=Job.attempts + 1,
+        started_at=func.coalesce(Job.started_at, now),
+        lease_owner=owner,
+        lease_expires_at=now + timedelta(seconds=lease_seconds),
+        progress=progress_of("loading", 0, job.input.get("steps", 0)),
+    )
+    if not claimed:
+        return Claim(ClaimKind.BUSY, job)
+    session.refresh(job)
+    return Claim(ClaimKind.CLAIMED, job)
+
+
+def record_progress(
+    session: Session,
+    job_id: uuid.UUID,
+    *,
+    owner: str,
+    progress: dict[str, Any],
+    lease_seconds: float,
+) -> bool:
+    """Write progress and renew the lease; False if this owner no longer holds the job
+    (it was canceled, or another delivery took it over).
+
+    Progress is not worth a WAL flush: a crash that loses the last write loses nothing the
+    next write does not restore, so the commit does not wait for the disk.
+    """
+    relaxed_commit(session)
+    return change(
+        session,
+        job_id,
+        Job.status == JobStatus.RUNNING,
+        Job.lease_owner == owner,
+        progress=progress,
+        lease_expires_at=utcnow() + timedelta(seconds=lease_seconds),
+    )
+
+
+def finish_succeeded(
+    session: Session, job_id: uuid.UUID, *, owner: str, result: dict[str, Any]
+) -> bool:
+    steps = result.get("steps", 0)
+    return change(
+        session,
+        job_id,
+        Job.status == JobStatus.RUNNING,
+        Job.lease_owner == owner,
+        status=JobStatus.SUCCEEDED,
+        result={"images": result["images"]},
+        progress=progress_of("done", steps, steps),
+        finished_at=utcnow(),
+        lease_owner=None,
+        lease_expires_at=None,
+    )
+
+
+def finish_failed(
+    session: Session,
+    job_id: uuid.UUID,
+    *,
+    code: ErrorCode,
+    message: str,
+    owner: str | None = None,
+) -> bool:
+    """Fail a queued job, or a running one (held by `owner` when given)."""
+    if owner is None:
+        conditions = [Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING])]
+    else:
+        conditions = [Job.status == JobStatus.RUNNING, Job.lease_owner == owner]
+    return change(
+        session,
+        job_id,
+        *conditions,
+        status=JobStatus.FAILED,
+        error_code=code.value,
+        error_message=message[:2000],
+        finished_at=utcnow(),
+        lease_owner=None,
+        lease_expires_at=None,
+    )
+
+
+class CancelOutcome(StrEnum):
+    CANCELED_QUEUED = "canceled_queued"  # never reached a GPU
+    CANCELED_RUNNING = "canceled_running"  # its worker stops at the next step
+    ALREADY_FINISHED = "already_finished"
+
+
+def cancel_job(session: Session, job: Job, *, code: ErrorCode, message: str) -> CancelOutcome:
+    """Cancel a queued or running job at once; a running job's worker is told to stop."""
+    was = job.status
+    if was.terminal:
+        return CancelOutcome.ALREADY_FINISHED
+    canceled = change(
+        session,
+        job.id,
+        Job.status == was,
+        status=JobStatus.CANCELED,
+        error_code=code.value,
+        error_message=message,
+        finished_at=utcnow(),
+        lease_owner=None,
+        lease_expires_at=None,
+    )
+    if not canceled:
+        # It moved under us; try again from its new state (at most once more per move).
+        session.refresh(job)
+        return cancel_job(session, job, code=code, message=message)
+    if was == JobStatus.RUNNING:
+        notify(session, CANCEL_CHANNEL, str(job.id))
+        return CancelOutcome.CANCELED_RUNNING
+    return CancelOutcome.CANCELED_QUEUED
+
+
+def cancel_expired(session: Session, job_id: uuid.UUID) -> bool:
+    """A queued job whose deadline passed ends canceled/deadline without running."""
+    return change(
+        session,
+        job_id,
+        Job.status == JobStatus.QUEUED,
+        Job.deadline_at <= utcnow(),
+        status=JobStatus.CANCELED,
+        error_code=ErrorCode.DEADLINE.value,
+        error_message="not started before its cancel_after deadline",
+        finished_at=utcnow(),
+    )
+
+
+def renew_lease(session: Session, job_id: uuid.UUID, *, owner: str, lease_seconds: float) -> bool:
+    """Extend this owner's claim (no version bump: nothing a client sees changes)."""
+    relaxed_commit(session)
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.lease_owner == owner)
+        .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds))
+    )
+    return result.rowcount == 1
+
+
+def hand_back(session: Session, job_id: uuid.UUID, *, owner: str) -> bool:
+    """A worker shutting down returns its unfinished job to the queue without spending an
+    attempt: a deploy is not the job's fault."""
+    return change(
+        session,
+        job_id,
+        Job.status == JobStatus.RUNNING,
+        Job.lease_owner == owner,
+        status=JobStatus.QUEUED,
+        attempts=Job.attempts - 1,
+        lease_owner=None,
+        lease_expires_at=None,
+        progress=progress_of("queued"),
+    )
+
+
+class ReapOutcome(StrEnum):
+    REQUEUED = "requeued"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # renewed or finished in the meantime
+
+
+def reap(session: Session, job: Job, *, max_attempts: int) -> ReapOutcome:
+    """A running job whose lease expired lost its worker: queue it again (the relay
+    republishes it) or, past the attempt cap, fail it."""
+    expired = [
+        Job.status == JobStatus.RUNNING,
+        Job.lease_owner == job.lease_owner,
+        Job.lease_expires_at < utcnow(),
+    ]
+    if job.attempts >= max_attempts:
+        failed = change(
+            session,
+            job.id,
+            *expired,
+            status=JobStatus.FAILED,
+            error_code=ErrorCode.DEAD_LETTERED.value,
+            error_message=f"its worker was lost {job.attempts} times (lease expired)",
+            finished_at=utcnow(),
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+        return ReapOutcome.FAILED if failed else ReapOutcome.SKIPPED
+    requeued = change(
+        session,
+        job.id,
+        *expired,
+        status=JobStatus.QUEUED,
+        lease_owner=None,
+        lease_expires_at=None,
+        published_at=None,
+        progress=progress_of("queued"),
+    )
+    return ReapOutcome.REQUEUED if requeued else ReapOutcome.SKIPPED

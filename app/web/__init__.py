@@ -1,0 +1,1 @@
+"""The HTTP API: Flask + flask-smorest. Never imports torch, diffusers or workers."""

@@ -1,0 +1,34 @@
+"""Bearer API-key authentication for every /v1 route."""
+
+from __future__ import annotations
+
+import uuid
+
+from flask import g, request
+from flask_smorest import abort
+
+from app.keys import authenticate
+from app.web.services import request_session
+
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="diffq"'}
+
+
+def require_api_key() -> None:
+    """A blueprint before_request hook: sets g.tenant_id or answers 401."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, presented = header.partition(" ")
+    if scheme.lower() != "bearer" or not presented.strip():
+        abort(
+            401, message="Missing API key: send 'Authorization: Bearer <key>'.", headers=CHALLENGE
+        )
+    session = request_session()
+    tenant_id = authenticate(session, presented.strip())
+    if session.dirty:
+        session.commit()  # last_used_at, at most once a minute per key
+    if tenant_id is None:
+        abort(401, message="Invalid or revoked API key.", headers=CHALLENGE)
+    g.tenant_id = tenant_id
+
+
+def current_tenant() -> uuid.UUID:
+    return g.tenant_id

@@ -1,0 +1,62 @@
+"""create_app(): the one place the Flask app is built."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask
+from flask_smorest import Api
+
+from app.catalog import load_catalog
+from app.config import Settings, load_settings
+from app.db.session import Database
+from app.publish import Publisher
+from app.storage import open_storage
+from app.web.errors import register_error_handlers
+from app.web.openapi import spec_options
+from app.web.services import Services, close_request_session
+from app.web.watch import JobWatcher
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    settings = settings or load_settings()
+    logging.basicConfig(level=settings.log_level)
+    catalog = load_catalog(settings)
+    app = Flask("diffq")
+    app.config.update(
+        API_TITLE="diffq",
+        API_VERSION="v1",
+        OPENAPI_VERSION="3.0.3",
+        OPENAPI_URL_PREFIX="/",
+        OPENAPI_JSON_PATH="openapi.json",
+        OPENAPI_SWAGGER_UI_PATH="/docs",
+        OPENAPI_SWAGGER_UI_URL="https://cdn.jsdelivr.net/npm/swagger-ui-dist/",
+        API_SPEC_OPTIONS=spec_options(),
+        MAX_CONTENT_LENGTH=settings.max_body_bytes,
+    )
+    app.json.sort_keys = False
+    db = Database(settings.database_url)
+    app.extensions["diffq"] = Services(
+        settings=settings,
+        catalog=catalog,
+        db=db,
+        storage=open_storage(settings),
+        publisher=Publisher(
+            catalog,
+            embedded=settings.embedded,
+            timeout=settings.publish_timeout,
+            pause_after_failure=settings.relay_after,
+        ),
+        watcher=JobWatcher(db),
+    )
+    api = Api(app)
+    from app.web.resources.files.routes import blp as files_blp
+    from app.web.resources.health.routes import blp as health_blp
+    from app.web.resources.jobs.events import blp as events_blp
+    from app.web.resources.jobs.routes import blp as jobs_blp
+
+    for blueprint in (jobs_blp, events_blp, health_blp, files_blp):
+        api.register_blueprint(blueprint)
+    register_error_handlers(app, api)
+    app.teardown_appcontext(close_request_session)
+    return app

@@ -1,0 +1,29 @@
+"""The OpenAPI document's shared parts: description and security scheme."""
+
+from __future__ import annotations
+
+API_DESCRIPTION = """\
+diffq runs text-to-image diffusion models as asynchronous jobs.
+
+Submit a job with `POST /v1/jobs` (answered `202` at once), then poll
+`GET /v1/jobs/{id}` until its `status` is `succeeded`, `failed` or `canceled`.
+Every `/v1` route needs `Authorization: Bearer <api key>`; a job is visible only to
+the tenant that created it. Errors share one envelope: `code`, `status`, `message`,
+and for validation errors `errors.json.<field>` with the limit that was broken.
+"""
+
+
+def spec_options() -> dict:
+    return {
+        "info": {"description": API_DESCRIPTION},
+        "components": {
+            "securitySchemes": {
+                "bearerAuth": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "An API key from `diffq keys create --tenant NAME`.",
+                }
+            }
+        },
+        "security": [{"bearerAuth": []}],
+    }

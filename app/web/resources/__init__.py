@@ -1,0 +1,1 @@
+"""One package per REST resource: routes.py (views) and schemas.py (marshmallow)."""

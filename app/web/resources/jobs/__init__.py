@@ -1,0 +1,1 @@
+"""Generation jobs: submit, read, list, download."""

@@ -1,0 +1,120 @@
+"""GET /v1/jobs/{id}/events: Server-Sent Events for one job, until it finishes."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+
+from flask import Response, request, stream_with_context
+from flask.views import MethodView
+from flask_smorest import Blueprint, abort
+
+from app.jobs import service
+from app.jobs.queue_info import queue_info
+from app.jobs.states import JobStatus
+from app.web.auth import current_tenant, require_api_key
+from app.web.resources.jobs.presenter import job_view
+from app.web.services import close_request_session, request_session, services
+
+blp = Blueprint(
+    "job_events", __name__, url_prefix="/v1/jobs", description="Follow a job as it runs."
+)
+blp.before_request(require_api_key)
+
+# While queued, a stream re-reads its position when its queue moves, at most this often.
+QUEUED_MIN_REFRESH_SECONDS = 1.0
+RECONNECT_MS = 2000
+
+
+def _event(name: str, event_id: int, data: dict) -> str:
+    return f"id: {event_id}\nevent: {name}\ndata: {json.dumps(data, default=str)}\n\n"
+
+
+def _last_event_id() -> int:
+    try:
+        return int(request.headers.get("Last-Event-ID", "-1"))
+    except ValueError:
+        return -1
+
+
+@blp.route("/<uuid:job_id>/events")
+class JobEvents(MethodView):
+    @blp.doc(
+        responses={
+            "200": {
+                "description": "`text/event-stream`. Events: `status` (data: the job object) "
+                "when the status changes, `progress` (data: the progress object, plus "
+                "`queue_position` and `eta_seconds` while queued) when progress moves. Each "
+                "event's `id` is the job's version: reconnect with `Last-Event-ID` to resume "
+                "from the current state without repeats. A `: keep-alive` comment comes after "
+                "DIFFQ_SSE_KEEPALIVE (15) idle seconds. The stream closes after the terminal "
+                "status event.",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            },
+            "204": {"description": "The job had finished and that was already sent."},
+            "401": {"description": "No or bad API key."},
+            "404": {"description": "No such job (or not yours)."},
+        }
+    )
+    def get(self, job_id: uuid.UUID):
+        """Stream a job's status and progress"""
+        tenant_id = current_tenant()
+        job = service.get_job(request_session(), tenant_id, job_id)
+        if job is None:
+            abort(404, message="No such job.")
+        last_seen = _last_event_id()
+        if job.status.terminal and last_seen >= job.version:
+            return Response(status=204)
+        close_request_session()  # no connection is held while the stream is open
+        return Response(
+            stream_with_context(_stream(job_id, tenant_id, last_seen)),
+            mimetype="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+
+def _stream(job_id: uuid.UUID, tenant_id: uuid.UUID, last_seen: int) -> Iterator[str]:
+    """Send what changed since `last_seen` (a job version), then every change, until done."""
+    svc = services()
+    keepalive = svc.settings.sse_keepalive
+    subscription = svc.watcher.subscribe(job_id)
+    sent_status = sent_progress = None
+    last_write = time.monotonic()
+    try:
+        yield f"retry: {RECONNECT_MS}\n\n"
+        while True:
+            with svc.db.session() as session:
+                job = service.get_job(session, tenant_id, job_id)
+                queued = job is not None and job.status == JobStatus.QUEUED
+                info = queue_info(session, job) if queued else None
+            if job is None:
+                return
+            view = job_view(job, svc.storage, svc.settings.presign_ttl, info)
+            progress = dict(job.progress or {})
+            if info is not None:
+                progress.update(queue_position=info.position, eta_seconds=info.eta_seconds)
+            fresh = job.version > last_seen
+            if sent_status is None and not fresh:
+                # A resumed stream: the client already has this version.
+                sent_status, sent_progress = view["status"], progress
+            if fresh and view["status"] != sent_status:
+                yield _event("status", job.version, view)
+                sent_status, last_write = view["status"], time.monotonic()
+            if (fresh or queued) and progress != sent_progress and not job.status.terminal:
+                yield _event("progress", job.version, progress)
+                sent_progress, last_write = progress, time.monotonic()
+            last_seen = max(last_seen, job.version)
+            if job.status.terminal:
+                return
+            subscription.follow_queue(job.queue if queued else None)
+            refreshed = time.monotonic()
+            if subscription.wait(keepalive) == "queue":
+                # A busy queue wakes its waiting streams often: at most one re-read a second.
+                time.sleep(max(0.0, QUEUED_MIN_REFRESH_SECONDS - (time.monotonic() - refreshed)))
+            if time.monotonic() - last_write >= keepalive:
+                yield ": keep-alive\n\n"
+                last_write = time.monotonic()
+    finally:
+        subscription.close()

@@ -1,0 +1,77 @@
+"""The job object clients see, built from a row (URLs made at read time, so they stay fresh)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from typing import Any
+from urllib.parse import urljoin
+
+from flask import request, url_for
+
+from app.db.models import Job
+from app.jobs.queue_info import QueueInfo
+from app.storage import Storage
+
+_CURSOR_PREFIX = "v1:"
+
+
+def encode_cursor(job_id: uuid.UUID) -> str:
+    return base64.urlsafe_b64encode(f"{_CURSOR_PREFIX}{job_id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> uuid.UUID | None:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        if not raw.startswith(_CURSOR_PREFIX):
+            return None
+        return uuid.UUID(raw[len(_CURSOR_PREFIX) :])
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _seconds(start, end) -> float | None:
+    if start is None or end is None:
+        return None
+    return round((end - start).total_seconds(), 3)
+
+
+def job_view(
+    job: Job, storage: Storage, presign_ttl: int, queue: QueueInfo | None = None
+) -> dict[str, Any]:
+    result = None
+    if job.result is not None:
+        images = []
+        for image in job.result.get("images", []):
+            shown = {k: v for k, v in image.items() if k != "key"}
+            shown["url"] = urljoin(request.host_url, storage.url(image["key"], presign_ttl))
+            images.append(shown)
+        result = {"images": images}
+    error = {"code": job.error_code, "message": job.error_message} if job.error_code else None
+    return {
+        "id": job.id,
+        "status": job.status.value,
+        "model": job.model,
+        "input": job.input,
+        "progress": job.progress,
+        "queue_position": queue.position if queue else None,
+        "eta_seconds": queue.eta_seconds if queue else None,
+        "priority": job.priority.value,
+        "attempts": job.attempts,
+        "result": result,
+        "error": error,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "metrics": {
+            "queue_seconds": _seconds(job.created_at, job.started_at),
+            "run_seconds": _seconds(job.started_at, job.finished_at),
+        },
+        "urls": {
+            "self": url_for("jobs.JobById", job_id=job.id, _external=True),
+            "cancel": url_for("jobs.JobCancel", job_id=job.id, _external=True),
+            "events": url_for("job_events.JobEvents", job_id=job.id, _external=True),
+        },
+        "metadata": job.client_metadata,
+    }

@@ -1,0 +1,200 @@
+"""Job routes: submit, list, get, cancel, download."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+
+from flask import redirect, request
+from flask.views import MethodView
+from flask_smorest import Blueprint, abort
+from sqlalchemy.exc import IntegrityError
+
+from app.jobs import service, transitions
+from app.jobs.queue_info import queue_info
+from app.jobs.states import ErrorCode, JobStatus, Priority
+from app.publish import publish_and_mark
+from app.web.auth import current_tenant, require_api_key
+from app.web.resources.jobs.presenter import decode_cursor, encode_cursor, job_view
+from app.web.resources.jobs.schemas import (
+    IdempotencyHeaderSchema,
+    JobCreateSchema,
+    JobListQuerySchema,
+    JobPageSchema,
+    JobSchema,
+)
+from app.web.services import request_session, services
+
+blp = Blueprint(
+    "jobs", __name__, url_prefix="/v1/jobs", description="Submit generation jobs and follow them."
+)
+blp.before_request(require_api_key)
+
+LOCATION_HEADER = {"Location": {"description": "The new job's URL.", "schema": {"type": "string"}}}
+
+
+def _not_found() -> None:
+    abort(404, message="No such job.")
+
+
+def _view(job) -> dict:
+    svc = services()
+    info = queue_info(request_session(), job) if job.status == JobStatus.QUEUED else None
+    return job_view(job, svc.storage, svc.settings.presign_ttl, info)
+
+
+def _body_hash() -> str:
+    canonical = json.dumps(request.get_json(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _replay(job, body_hash: str, key: str):
+    """The original job for a repeated Idempotency-Key, or 409 if the body differs."""
+    if job.request_hash != body_hash:
+        abort(
+            409,
+            message=f"Idempotency-Key {key!r} was already used with a different request body.",
+        )
+    view = _view(job)
+    return view, 202, {"Location": view["urls"]["self"], "Idempotent-Replayed": "true"}
+
+
+@blp.route("")
+class Jobs(MethodView):
+    @blp.arguments(IdempotencyHeaderSchema, location="headers")
+    @blp.arguments(JobCreateSchema)
+    @blp.response(202, JobSchema, headers=LOCATION_HEADER)
+    @blp.alt_response(401, description="No or bad API key.")
+    @blp.alt_response(409, description="Idempotency-Key reused with a different body.")
+    @blp.alt_response(413, description="Body larger than DIFFQ_MAX_BODY_BYTES.")
+    @blp.alt_response(503, description="The job could not be made durable.")
+    def post(self, headers, request_data):
+        """Submit a job
+
+        The job is stored, then queued; the answer comes before any GPU work. Poll the
+        `Location` URL, or follow its `events` stream, for status and result. With an
+        `Idempotency-Key` header, repeating the request returns the original job (with
+        `Idempotent-Replayed: true`) instead of creating another.
+        """
+        svc = services()
+        spec, params = request_data["spec"], request_data["params"]
+        key = headers.get("idempotency_key")
+        body_hash = _body_hash() if key else None
+        session = request_session()
+        tenant_id = current_tenant()
+        if key:
+            existing = service.find_by_idempotency_key(session, tenant_id, key)
+            if existing is not None:
+                return _replay(existing, body_hash, key)
+        try:
+            job = service.create_job(
+                session,
+                tenant_id,
+                model=spec.name,
+                queue=spec.queue,
+                priority=Priority(params["priority"]),
+                params=params,
+                metadata=request_data["metadata"],
+                deadline_seconds=request_data["cancel_after"],
+                idempotency_key=key,
+                request_hash=body_hash,
+            )
+            session.commit()
+        except IntegrityError:
+            # A concurrent request with the same key committed first: answer with its job.
+            session.rollback()
+            existing = service.find_by_idempotency_key(session, tenant_id, key) if key else None
+            if existing is None:
+                raise
+            return _replay(existing, body_hash, key)
+        # Committed first: a publish that fails leaves a durable row for the relay.
+        publish_and_mark(svc.db, svc.publisher, job)
+        view = _view(job)
+        return view, 202, {"Location": view["urls"]["self"]}
+
+    @blp.arguments(JobListQuerySchema, location="query")
+    @blp.response(200, JobPageSchema)
+    @blp.alt_response(401, description="No or bad API key.")
+    def get(self, args):
+        """List your jobs, newest first
+
+        Pass `next_cursor` back as `cursor` for the next page; it is null on the last.
+        """
+        before = None
+        if "cursor" in args:
+            before = decode_cursor(args["cursor"])
+            if before is None:
+                abort(422, errors={"query": {"cursor": ["Invalid cursor."]}})
+        status = JobStatus(args["status"]) if "status" in args else None
+        jobs, last = service.list_jobs(
+            request_session(), current_tenant(), limit=args["limit"], status=status, before=before
+        )
+        return {
+            "data": [_view(job) for job in jobs],
+            "next_cursor": encode_cursor(last) if last else None,
+        }
+
+
+@blp.route("/<uuid:job_id>")
+class JobById(MethodView):
+    @blp.response(200, JobSchema)
+    @blp.alt_response(401, description="No or bad API key.")
+    @blp.alt_response(404, description="No such job (or not yours).")
+    def get(self, job_id: uuid.UUID):
+        """Get a job
+
+        Its status and progress; while queued, its `queue_position` and an estimated
+        `eta_seconds`; once succeeded, the images' short-lived download URLs.
+        """
+        job = service.get_job(request_session(), current_tenant(), job_id)
+        if job is None:
+            _not_found()
+        return _view(job)
+
+
+@blp.route("/<uuid:job_id>/cancel")
+class JobCancel(MethodView):
+    @blp.response(200, JobSchema)
+    @blp.alt_response(401, description="No or bad API key.")
+    @blp.alt_response(404, description="No such job (or not yours).")
+    @blp.alt_response(409, description="The job has already finished.")
+    def post(self, job_id: uuid.UUID):
+        """Cancel a job
+
+        A queued job is canceled at once and never reaches a GPU. A running job is
+        canceled at once too; its worker stops at the next denoising step and takes the
+        next job. A job that has finished answers 409.
+        """
+        session = request_session()
+        job = service.get_job(session, current_tenant(), job_id)
+        if job is None:
+            _not_found()
+        outcome = transitions.cancel_job(
+            session, job, code=ErrorCode.CANCELED, message="canceled by the client"
+        )
+        if outcome == transitions.CancelOutcome.ALREADY_FINISHED:
+            abort(409, message=f"The job has already {job.status.value}.")
+        session.commit()
+        session.refresh(job)
+        return _view(job)
+
+
+@blp.route("/<uuid:job_id>/images/<int:index>")
+class JobImage(MethodView):
+    @blp.response(302, description="Redirect to a short-lived download URL.")
+    @blp.alt_response(401, description="No or bad API key.")
+    @blp.alt_response(404, description="No such job or image, or the job has not succeeded.")
+    def get(self, job_id: uuid.UUID, index: int):
+        """Download an image
+
+        Redirects to a presigned URL valid for DIFFQ_PRESIGN_TTL seconds.
+        """
+        svc = services()
+        job = service.get_job(request_session(), current_tenant(), job_id)
+        if job is None:
+            _not_found()
+        images = (job.result or {}).get("images", [])
+        if job.status != JobStatus.SUCCEEDED or not 0 <= index < len(images):
+            abort(404, message="No such image.")
+        return redirect(svc.storage.url(images[index]["key"], svc.settings.presign_ttl), 302)

@@ -1,0 +1,290 @@
+"""Job request and response schemas; the request's limits come from the model's entry."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+import marshmallow as ma
+from marshmallow import fields, validate
+
+from app.catalog import ModelSpec
+from app.jobs.states import JobStatus, Priority
+from app.web.services import services
+
+MAX_SEED = 2**32 - 1
+OUTPUT_FORMATS = ("png", "jpeg", "webp")
+METADATA_MAX_BYTES = 2048
+MAX_CANCEL_AFTER = 7 * 24 * 3600
+
+
+class JobCreateSchema(ma.Schema):
+    prompt = fields.String(
+        required=True,
+        validate=validate.Length(min=1, error="Must not be empty."),
+        metadata={"description": "What to draw. Limit: the model's `max_prompt_chars`."},
+    )
+    negative_prompt = fields.String(
+        load_default=None,
+        allow_none=True,
+        metadata={"description": "What to steer away from."},
+    )
+    model = fields.String(
+        load_default=None, metadata={"description": "A configured model name; default if absent."}
+    )
+    width = fields.Integer(
+        strict=True,
+        metadata={"description": "Pixels; a multiple of the model's `size_multiple` (8)."},
+    )
+    height = fields.Integer(strict=True, metadata={"description": "Pixels; as for width."})
+    steps = fields.Integer(
+        strict=True, metadata={"description": "Denoising steps, 1..the model's `max_steps`."}
+    )
+    guidance_scale = fields.Float(
+        allow_nan=False, metadata={"description": "Classifier-free guidance, 0..`max_guidance`."}
+    )
+    seed = fields.Integer(
+        strict=True,
+        validate=validate.Range(min=0, max=MAX_SEED),
+        metadata={"description": f"0..{MAX_SEED}; random if absent. Image i uses seed + i."},
+    )
+    num_images = fields.Integer(
+        strict=True, metadata={"description": "Images in this job, 1..`max_num_images`."}
+    )
+    scheduler = fields.String(
+        metadata={"description": "default, ddim, euler, euler_a, dpm++ or pndm."}
+    )
+    output_format = fields.String(
+        load_default="png",
+        validate=validate.OneOf(OUTPUT_FORMATS),
+        metadata={"description": "png, jpeg or webp."},
+    )
+    priority = fields.String(
+        load_default=Priority.NORMAL.value,
+        validate=validate.OneOf([p.value for p in Priority]),
+        metadata={"description": "low, normal or high."},
+    )
+    cancel_after = fields.Integer(
+        strict=True,
+        load_default=None,
+        validate=validate.Range(min=1, max=MAX_CANCEL_AFTER),
+        metadata={
+            "description": "Seconds: a job not started by then is canceled (reason `deadline`) "
+            f"and never reaches a GPU. 1..{MAX_CANCEL_AFTER}."
+        },
+    )
+    metadata = fields.Dict(
+        keys=fields.String(),
+        load_default=None,
+        metadata={
+            "description": f"Your data, returned as given (at most {METADATA_MAX_BYTES} B of JSON)."
+        },
+    )
+
+    @ma.validates("metadata")
+    def _metadata_size(self, value: dict | None, **_kwargs) -> None:
+        if value is not None and len(json.dumps(value)) > METADATA_MAX_BYTES:
+            raise ma.ValidationError(f"At most {METADATA_MAX_BYTES} bytes of JSON.")
+
+    @ma.validates("prompt")
+    def _prompt_not_blank(self, value: str, **_kwargs) -> None:
+        if not value.strip():
+            raise ma.ValidationError("Must not be blank.")
+
+    @ma.validates_schema(skip_on_field_errors=False)
+    def _model_limits(self, data: dict[str, Any], **_kwargs) -> None:
+        catalog = services().catalog
+        spec = catalog.get(data.get("model"))
+        if spec is None:
+            names = ", ".join(sorted(catalog.models))
+            raise ma.ValidationError({"model": [f"Unknown model. Available: {names}."]})
+        errors = model_limit_errors(spec, data)
+        if errors:
+            raise ma.ValidationError(errors)
+
+    @ma.post_load
+    def _normalize(self, data: dict[str, Any], **_kwargs) -> dict[str, Any]:
+        spec = services().catalog.get(data.get("model"))
+        assert spec is not None  # _model_limits ran first
+        return {
+            "spec": spec,
+            "params": normalize(spec, data),
+            "metadata": data.get("metadata"),
+            "cancel_after": data.get("cancel_after"),
+        }
+
+
+def model_limit_errors(spec: ModelSpec, data: dict[str, Any]) -> dict[str, list[str]]:
+    """Every limit of the model that the request breaks, by field."""
+    errors: dict[str, list[str]] = {}
+
+    def add(field: str, message: str) -> None:
+        errors.setdefault(field, []).append(message)
+
+    for field, key in (("prompt", "prompt"), ("negative_prompt", "negative_prompt")):
+        value = data.get(key)
+        if value and len(value) > spec.max_prompt_chars:
+            add(field, f"At most {spec.max_prompt_chars} characters for model '{spec.name}'.")
+    for field, maximum in (("width", spec.max_width), ("height", spec.max_height)):
+        value = data.get(field)
+        if value is None:
+            continue
+        if value % spec.size_multiple or not spec.min_size <= value <= maximum:
+            add(
+                field,
+                f"Must be a multiple of {spec.size_multiple} between {spec.min_size} and "
+                f"{maximum} for model '{spec.name}'.",
+            )
+    width = data.get("width", spec.default_width)
+    height = data.get("height", spec.default_height)
+    if "width" not in errors and "height" not in errors and width * height > spec.max_pixels:
+        add(
+            "width",
+            f"width x height = {width * height} pixels exceeds the {spec.max_pixels} "
+            f"allowed for model '{spec.name}'.",
+        )
+    steps = data.get("steps")
+    if steps is not None and not 1 <= steps <= spec.max_steps:
+        add("steps", f"Must be between 1 and {spec.max_steps} for model '{spec.name}'.")
+    guidance = data.get("guidance_scale")
+    if guidance is not None and not 0 <= guidance <= spec.max_guidance:
+        add("guidance_scale", f"Must be between 0 and {spec.max_guidance} for model '{spec.name}'.")
+    count = data.get("num_images")
+    if count is not None and not 1 <= count <= spec.max_num_images:
+        add("num_images", f"Must be between 1 and {spec.max_num_images} for model '{spec.name}'.")
+    scheduler = data.get("scheduler")
+    if scheduler is not None and scheduler not in spec.schedulers:
+        add("scheduler", f"Must be one of: {', '.join(spec.schedulers)}.")
+    return errors
+
+
+def normalize(spec: ModelSpec, data: dict[str, Any]) -> dict[str, Any]:
+    """The request with every default filled in, including the seed that will be used."""
+    seed = data.get("seed")
+    return {
+        "prompt": data["prompt"],
+        "negative_prompt": data.get("negative_prompt"),
+        "model": spec.name,
+        "width": data.get("width", spec.default_width),
+        "height": data.get("height", spec.default_height),
+        "steps": data.get("steps", spec.default_steps),
+        "guidance_scale": float(data.get("guidance_scale", spec.default_guidance)),
+        "seed": seed if seed is not None else secrets.randbelow(MAX_SEED + 1),
+        "num_images": data.get("num_images", 1),
+        "scheduler": data.get("scheduler", "default"),
+        "output_format": data["output_format"],
+        "priority": data["priority"],
+    }
+
+
+class IdempotencyHeaderSchema(ma.Schema):
+    class Meta:
+        unknown = ma.EXCLUDE  # every other header
+
+    idempotency_key = fields.String(
+        data_key="Idempotency-Key",
+        validate=validate.Length(min=1, max=255),
+        metadata={
+            "description": "Any unique string (a UUID, say). Repeating a request with the same "
+            "key returns the original job; reusing it with a different body is a 409."
+        },
+    )
+
+
+class JobListQuerySchema(ma.Schema):
+    status = fields.String(
+        validate=validate.OneOf([s.value for s in JobStatus]),
+        metadata={"description": "Only jobs in this state."},
+    )
+    limit = fields.Integer(
+        load_default=20, validate=validate.Range(min=1, max=100), metadata={"description": "1..100"}
+    )
+    cursor = fields.String(metadata={"description": "`next_cursor` from the previous page."})
+
+
+# --- Responses (documentation and dumping) ---------------------------------------
+
+
+class ProgressSchema(ma.Schema):
+    stage = fields.String(
+        metadata={
+            "description": "queued, loading, encoding_prompt, denoising, decoding, uploading, done"
+        }
+    )
+    step = fields.Integer()
+    total_steps = fields.Integer()
+    percent = fields.Float()
+
+
+class ImageSchema(ma.Schema):
+    url = fields.String(metadata={"description": "Downloads without an API key; expires."})
+    width = fields.Integer()
+    height = fields.Integer()
+    seed = fields.Integer()
+    content_type = fields.String()
+    bytes = fields.Integer()
+
+
+class ResultSchema(ma.Schema):
+    images = fields.List(fields.Nested(ImageSchema))
+
+
+class JobErrorSchema(ma.Schema):
+    code = fields.String(
+        metadata={
+            "description": "invalid_input, invalid_message, model_unavailable, gpu_oom, timeout, "
+            "storage_unavailable, dead_lettered, internal_error; for canceled jobs: canceled, "
+            "deadline"
+        }
+    )
+    message = fields.String()
+
+
+class JobMetricsSchema(ma.Schema):
+    queue_seconds = fields.Float(allow_none=True)
+    run_seconds = fields.Float(allow_none=True)
+
+
+class JobUrlsSchema(ma.Schema):
+    self = fields.String()
+    cancel = fields.String(metadata={"description": "POST here to cancel."})
+    events = fields.String(metadata={"description": "Server-Sent Events: status and progress."})
+
+
+class JobSchema(ma.Schema):
+    id = fields.UUID()
+    status = fields.String(metadata={"description": "queued, running, succeeded, failed, canceled"})
+    model = fields.String()
+    input = fields.Dict(metadata={"description": "The normalized request, with the seed used."})
+    progress = fields.Nested(ProgressSchema, allow_none=True)
+    queue_position = fields.Integer(
+        allow_none=True,
+        metadata={"description": "While queued: jobs that will start before this one (0: next)."},
+    )
+    eta_seconds = fields.Float(
+        allow_none=True,
+        metadata={
+            "description": "While queued: an estimate of the seconds until it starts, from the "
+            "model's recent per-step times and the jobs ahead; null until the model has run."
+        },
+    )
+    priority = fields.String(metadata={"description": "low, normal or high."})
+    attempts = fields.Integer()
+    result = fields.Nested(ResultSchema, allow_none=True)
+    error = fields.Nested(
+        JobErrorSchema,
+        allow_none=True,
+        metadata={"description": "Why it failed, or why it was canceled (canceled, deadline)."},
+    )
+    created_at = fields.DateTime()
+    started_at = fields.DateTime(allow_none=True)
+    finished_at = fields.DateTime(allow_none=True)
+    metrics = fields.Nested(JobMetricsSchema)
+    urls = fields.Nested(JobUrlsSchema)
+    metadata = fields.Dict(allow_none=True)
+
+
+class JobPageSchema(ma.Schema):
+    data = fields.List(fields.Nested(JobSchema))
+    next_cursor = fields.String(allow_none=True)

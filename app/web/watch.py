@@ -1,0 +1,153 @@
+"""Fan-out of job changes to open event streams, once per API process.
+
+With PostgreSQL, one LISTEN connection per process receives every change and wakes the
+streams watching that job, and, when the change moves a queue (a job started, finished
+or was reprioritised), the streams of jobs still waiting in that queue. With SQLite
+(embedded mode), one thread polls the versions of the watched jobs and wakes waiting
+streams every few seconds. Either way no stream polls the database on its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import defaultdict
+
+from sqlalchemy import select
+
+from app.db.models import Job
+from app.db.session import Database
+from app.jobs.listener import Listener
+from app.jobs.notify import JOB_CHANNEL, parse_job_changed
+
+POLL_SECONDS = 0.25
+QUEUE_POLL_SECONDS = 2.0  # SQLite only: how often waiting streams re-read their position
+
+
+class Subscription:
+    def __init__(self, watcher: JobWatcher, job_id: uuid.UUID) -> None:
+        self.job_id = job_id
+        self.queue: str | None = None
+        self._event = threading.Event()
+        self._own_change = False
+        self._watcher = watcher
+
+    def wake(self, own: bool = True) -> None:
+        """`own`: the job itself changed; otherwise only its queue moved."""
+        self._own_change = self._own_change or own
+        self._event.set()
+
+    def wait(self, timeout: float) -> str | None:
+        """ "job" if the job changed, "queue" if only its queue moved, None on timeout."""
+        woke = self._event.wait(timeout)
+        self._event.clear()
+        own, self._own_change = self._own_change, False
+        if not woke:
+            return None
+        return "job" if own else "queue"
+
+    def follow_queue(self, queue: str | None) -> None:
+        """While the job is queued, also wake on changes that move `queue`."""
+        self._watcher._follow_queue(self, queue)
+
+    def close(self) -> None:
+        self._watcher._remove(self)
+
+
+class JobWatcher:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._by_job: dict[uuid.UUID, set[Subscription]] = defaultdict(set)
+        self._by_queue: dict[str, set[Subscription]] = defaultdict(set)
+        self._lock = threading.Lock()
+        self._started = False
+        self._versions: dict[uuid.UUID, int] = {}
+
+    @property
+    def open_streams(self) -> int:
+        with self._lock:
+            return sum(len(subs) for subs in self._by_job.values())
+
+    def subscribe(self, job_id: uuid.UUID) -> Subscription:
+        self._ensure_started()
+        sub = Subscription(self, job_id)
+        with self._lock:
+            self._by_job[job_id].add(sub)
+        return sub
+
+    def _follow_queue(self, sub: Subscription, queue: str | None) -> None:
+        with self._lock:
+            if sub.queue == queue:
+                return
+            self._discard(self._by_queue, sub.queue, sub)
+            sub.queue = queue
+            if queue is not None:
+                self._by_queue[queue].add(sub)
+
+    @staticmethod
+    def _discard(index: dict, key, sub: Subscription) -> None:
+        subs = index.get(key)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del index[key]
+
+    def _remove(self, sub: Subscription) -> None:
+        with self._lock:
+            self._discard(self._by_queue, sub.queue, sub)
+            self._discard(self._by_job, sub.job_id, sub)
+            if sub.job_id not in self._by_job:
+                self._versions.pop(sub.job_id, None)
+
+    def _wake(self, job_id: uuid.UUID | None, queue: str | None = None) -> None:
+        with self._lock:
+            if job_id is None and queue is None:
+                own = {s for subs in self._by_job.values() for s in subs}
+            else:
+                own = set(self._by_job.get(job_id, ()))
+            moved = set(self._by_queue.get(queue, ())) - own
+        for sub in own:
+            sub.wake(own=True)
+        for sub in moved:
+            sub.wake(own=False)
+
+    def _on_notify(self, _channel: str | None, payload: str | None) -> None:
+        if payload is None:
+            self._wake(None)  # reconnected: changes may have been missed
+            return
+        parsed = parse_job_changed(payload)
+        if parsed is not None:
+            job_id, queue, order_changed = parsed
+            self._wake(job_id, queue if order_changed else None)
+
+    def _ensure_started(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        if self._db.engine.dialect.name == "postgresql":
+            Listener(self._db.url, [JOB_CHANNEL], self._on_notify).start()
+        else:
+            threading.Thread(target=self._poll, name="job-version-poller", daemon=True).start()
+
+    def _poll(self) -> None:
+        ticks_per_queue_poll = round(QUEUE_POLL_SECONDS / POLL_SECONDS)
+        tick = 0
+        while True:
+            tick += 1
+            with self._lock:
+                watched = list(self._by_job)
+                queues = list(self._by_queue)
+            if watched:
+                with self._db.session() as session:
+                    rows = session.execute(
+                        select(Job.id, Job.version).where(Job.id.in_(watched))
+                    ).all()
+                for job_id, version in rows:
+                    if self._versions.get(job_id) != version:
+                        self._versions[job_id] = version
+                        self._wake(job_id)
+            if tick % ticks_per_queue_poll == 0:
+                for queue in queues:
+                    self._wake(None, queue)
+            threading.Event().wait(POLL_SECONDS)

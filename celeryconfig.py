@@ -1,0 +1,60 @@
+"""Celery settings for diffq, read from the environment (see the README's configuration table)."""
+
+from app.catalog import load_catalog
+from app.config import load_settings
+from app.queues import work_queue
+
+_settings = load_settings()
+_catalog = load_catalog(_settings)
+
+# --- Broker ------------------------------------------------------------------------
+if _settings.embedded:
+    # No server: kombu's filesystem transport under DIFFQ_HOME (no DLX, no priorities).
+    from app.embedded_broker import transport_options  # also registers the URL scheme
+
+    broker_url = _settings.broker_url
+    broker_transport_options = transport_options(_settings)
+else:
+    broker_url = _settings.broker_url
+    # Publisher confirms: apply_async returns only once RabbitMQ has the message.
+    broker_transport_options = {"confirm_publish": True}
+broker_connection_retry_on_startup = True
+broker_connection_timeout = _settings.publish_timeout  # a submit waits at most about this
+broker_heartbeat = 30
+
+# --- Messages: JSON only, persistent, no result backend (PostgreSQL holds job state) --
+task_serializer = "json"
+accept_content = ["json"]
+result_serializer = "json"
+task_default_delivery_mode = "persistent"
+task_ignore_result = True
+result_backend = None
+
+# --- Queues: one durable queue per model pool, each with its dead-letter queue ------
+task_queues = [work_queue(name) for name in _catalog.queues]
+task_default_queue = _catalog.get(None).queue
+task_create_missing_queues = False
+
+# --- Reliability -------------------------------------------------------------------
+task_acks_late = True  # ack after the job's outcome is recorded, not on receipt
+task_reject_on_worker_lost = True  # a killed pool child's job is redelivered, not lost
+# The task records every outcome and rejects failures to the DLQ itself; whatever still
+# escapes it (or a hard time limit) is dead-lettered rather than acked and forgotten.
+task_acks_on_failure = False
+task_acks_on_timeout = False
+worker_prefetch_multiplier = 1  # a GPU worker holds one job at a time
+worker_cancel_long_running_tasks_on_connection_loss = True  # no twin runs after a blip
+worker_pool = "prefork"
+worker_concurrency = 1  # one process per GPU; `diffq worker` starts one worker per GPU
+# A pool process loads its models before it reports "up"; Celery's 4 s default would kill
+# every replacement of a crashed process mid-load, forever (found by the fault suite, F1).
+worker_proc_alive_timeout = 600
+# Defaults for messages that carry none; each model's own limits ride on its messages.
+# Both stay below RabbitMQ's consumer_timeout (30 min), enforced in app/catalog.py.
+task_soft_time_limit = 600
+task_time_limit = 660
+
+# --- Events for Flower ---------------------------------------------------------------
+worker_send_task_events = True
+task_send_sent_event = True
+worker_hijack_root_logger = False
