@@ -1,0 +1,48 @@
+"""The generate task: a thin adapter from a Celery delivery to workers.execute."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from celery import Task
+from celery.exceptions import Reject, TimeLimitExceeded
+from sqlalchemy.exc import DBAPIError
+
+from app.jobs.payload import GENERATE_TASK
+from tasks.celery_app import app
+from tasks.worker_boot import record_hard_timeout, runtime
+
+log = logging.getLogger(__name__)
+
+# A database outage must not turn into a hot redelivery loop.
+DATABASE_RETRY_PAUSE = 2.0
+
+
+class GenerateTask(Task):
+    def on_failure(self, exc, task_id, args, kwargs, einfo):
+        # A hard time limit kills the pool child; this runs in the worker's main process.
+        if isinstance(exc, TimeLimitExceeded) and args:
+            record_hard_timeout(args[0], exc)
+
+
+# acks_late: the message is acked only once the outcome is recorded. Whether a lost pool
+# child's message is requeued comes from celeryconfig (task_reject_on_worker_lost=True);
+# the fault suite's control run turns it off to show what it prevents.
+@app.task(name=GENERATE_TASK, base=GenerateTask, bind=True, acks_late=True)
+def generate(self, payload):
+    from workers.execute import Verdict, execute_job
+
+    delivery = self.request.delivery_info or {}
+    try:
+        outcome = execute_job(runtime(), payload, redelivered=bool(delivery.get("redelivered")))
+    except DBAPIError as exc:
+        # The outcome could not be recorded: hand the message back instead of acking it.
+        log.error("database unavailable (%s); requeueing the message", type(exc).__name__)
+        time.sleep(DATABASE_RETRY_PAUSE)
+        raise Reject(f"database unavailable: {type(exc).__name__}", requeue=True) from exc
+    if outcome.verdict == Verdict.DEAD_LETTER:
+        raise Reject(outcome.reason, requeue=False)
+    if outcome.verdict == Verdict.REQUEUE:
+        raise Reject(outcome.reason, requeue=True)
+    return None

@@ -1,0 +1,1 @@
+"""The GPU runtime: pipeline loading, device pinning, generation, encoding, job execution."""

@@ -1,0 +1,109 @@
+"""Load each served model once per process, warm it up, and fail loudly when it can't."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from app.catalog import ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+class ModelLoadError(RuntimeError):
+    """A served model cannot be loaded; the worker must not start."""
+
+
+@dataclass
+class LoadedModel:
+    spec: ModelSpec
+    pipeline: Any
+    device: str
+    load_seconds: float
+
+
+def check_model_dir(spec: ModelSpec) -> None:
+    """Cheap structural check (no weights read), done before any process forks."""
+    index = spec.path / "model_index.json"
+    if not spec.path.is_dir():
+        raise ModelLoadError(f"model {spec.name!r}: {spec.path} is not a directory")
+    try:
+        components = json.loads(index.read_text())
+    except FileNotFoundError as exc:
+        raise ModelLoadError(
+            f"model {spec.name!r}: {index} is missing; is this a diffusers directory?"
+        ) from exc
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"model {spec.name!r}: {index} is not JSON: {exc}") from exc
+    missing = [
+        name
+        for name, value in components.items()
+        if not name.startswith("_")
+        and isinstance(value, list)
+        and value[0] is not None
+        and not (spec.path / name).is_dir()
+    ]
+    if missing:
+        raise ModelLoadError(f"model {spec.name!r}: component folders missing: {missing}")
+
+
+def preimport_components(spec: ModelSpec) -> None:
+    """Import the classes a model's pipeline is built from (per model_index.json).
+
+    Done in the worker's main process before forking, so that a pool process replacing a
+    crashed one does not spend seconds importing them again.
+    """
+    components = json.loads((spec.path / "model_index.json").read_text())
+    names = [("diffusers", components.get("_class_name"))]
+    names += [tuple(v) for v in components.values() if isinstance(v, list) and len(v) == 2]
+    for library, class_name in names:
+        if library in ("diffusers", "transformers") and class_name:
+            getattr(importlib.import_module(library), class_name, None)
+
+
+def load_model(spec: ModelSpec, device: str) -> LoadedModel:
+    import torch
+    import transformers
+    from diffusers import DiffusionPipeline
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.disable_progress_bar()
+    transformers.utils.logging.disable_progress_bar()
+    check_model_dir(spec)
+    dtype = getattr(torch, spec.dtype)
+    if device == "cpu" and dtype != torch.float32:
+        # Half precision on CPU is slow or unsupported for several ops.
+        log.warning("model %s: %s on CPU is not supported; using float32", spec.name, spec.dtype)
+        dtype = torch.float32
+    started = time.perf_counter()
+    try:
+        pipeline = DiffusionPipeline.from_pretrained(
+            str(spec.path), dtype=dtype, local_files_only=True
+        )
+        pipeline = pipeline.to(device)
+    except Exception as exc:
+        raise ModelLoadError(f"model {spec.name!r} failed to load from {spec.path}: {exc}") from exc
+    pipeline.set_progress_bar_config(disable=True)
+    return LoadedModel(spec, pipeline, device, time.perf_counter() - started)
+
+
+def warm_up(model: LoadedModel) -> float:
+    """One short run so the first job does not pay for kernel selection and allocation."""
+    import torch
+
+    started = time.perf_counter()
+    spec = model.spec
+    with torch.inference_mode():
+        model.pipeline(
+            "warm-up",
+            num_inference_steps=1,
+            width=spec.min_size,
+            height=spec.min_size,
+            guidance_scale=spec.default_guidance,
+            generator=torch.Generator(device=model.device).manual_seed(0),
+        )
+    return time.perf_counter() - started

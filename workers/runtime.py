@@ -1,0 +1,106 @@
+"""What a worker process holds for its whole life: settings, database, store, loaded models."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass, field, replace
+
+from app.catalog import Catalog, load_catalog
+from app.config import Settings
+from app.db.session import Database
+from app.jobs.listener import Listener
+from app.jobs.notify import CANCEL_CHANNEL
+from app.storage import Storage, open_storage
+from workers.devices import configure_cpu_threads, select_device
+from workers.pipelines import LoadedModel, load_model, warm_up
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerRuntime:
+    settings: Settings
+    catalog: Catalog
+    db: Database
+    storage: Storage
+    models: dict[str, LoadedModel]
+    device: str
+    owner: str
+    # The job this process is running, and the flag that stops it at the next step: raised
+    # by a cancel notification, a lost lease, or a shutdown that outlasts its grace period.
+    current_job: uuid.UUID | None = None
+    stop_requested: threading.Event = field(default_factory=threading.Event)
+    # Set by a shutdown: the stopped job goes back to the queue instead of being dropped.
+    hand_back_requested: threading.Event = field(default_factory=threading.Event)
+
+    def start_job(self, job_id: uuid.UUID) -> None:
+        self.current_job = job_id
+        self.stop_requested.clear()
+        if self.hand_back_requested.is_set():
+            self.stop_requested.set()
+
+    def end_job(self) -> None:
+        self.current_job = None
+        self.stop_requested.clear()
+
+    def on_cancel(self, _channel: str | None, payload: str | None) -> None:
+        if payload is not None and payload == str(self.current_job):
+            self.stop_requested.set()
+
+    def request_hand_back(self) -> None:
+        """Stop the current job at its next step and return it to the queue."""
+        self.hand_back_requested.set()
+        self.stop_requested.set()
+
+
+def served_models(catalog: Catalog, queues: list[str]) -> list[str]:
+    """Every model whose queue this worker consumes: a shared queue means shared models."""
+    return [spec.name for spec in catalog.models_for_queues(queues)]
+
+
+def build_runtime(settings: Settings, queues: list[str]) -> WorkerRuntime:
+    """Load and warm every served model; raises ModelLoadError on the first that fails."""
+    catalog = load_catalog(settings)
+    device = select_device(settings.device)
+    if device == "cpu":
+        configure_cpu_threads()
+    models: dict[str, LoadedModel] = {}
+    # Entries that name the same weights (say, one model with two sets of limits) share
+    # one pipeline in memory.
+    loaded: dict[tuple, LoadedModel] = {}
+    for name in served_models(catalog, queues):
+        spec = catalog.models[name]
+        weights = (spec.path.resolve(), spec.dtype)
+        shared = loaded.get(weights)
+        if shared is not None:
+            models[name] = replace(shared, spec=spec)
+            log.info("model %s shares the pipeline already loaded from %s", name, spec.path)
+            continue
+        model = load_model(spec, device)
+        warm_seconds = warm_up(model)
+        log.info(
+            "model %s loaded on %s in %.2fs, warmed up in %.2fs",
+            name,
+            device,
+            model.load_seconds,
+            warm_seconds,
+        )
+        models[name] = loaded[weights] = model
+    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    runtime = WorkerRuntime(
+        settings=settings,
+        catalog=catalog,
+        db=Database(settings.database_url, pool_size=2),
+        storage=open_storage(settings),
+        models=models,
+        device=device,
+        owner=owner,
+    )
+    if runtime.db.engine.dialect.name == "postgresql":
+        # Cancels reach a running job within one step; elsewhere, at the next progress write.
+        Listener(settings.database_url, [CANCEL_CHANNEL], runtime.on_cancel).start()
+    return runtime
