@@ -1,0 +1,104 @@
+"""Queue position and ETA under a real backlog; priorities; low jobs do not starve."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+import pytest
+import requests
+
+from tests.support.jobs import auth, submit, wait_terminal
+from tests.support.processes import start_worker
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.services
+
+
+def get(api_server, key, job_id) -> dict:
+    return requests.get(f"{api_server.url}/v1/jobs/{job_id}", headers=auth(key), timeout=10).json()
+
+
+def _start_order(api_server, key, jobs) -> list[str]:
+    done = [wait_terminal(api_server.url, key, j["id"], timeout=120) for j in jobs]
+    assert all(j["status"] == "succeeded" for j in done), done
+    return [j["id"] for j in sorted(done, key=lambda j: datetime.fromisoformat(j["started_at"]))]
+
+
+def test_queued_jobs_report_their_position_and_an_honest_eta(api_server, worker, tenant_key):
+    # History for the estimate: the model has finished jobs of two sizes.
+    for steps in (2, 20):
+        job = submit(api_server.url, tenant_key, prompt="history", steps=steps)
+        wait_terminal(api_server.url, tenant_key, job["id"])
+    blocker = submit(api_server.url, tenant_key, prompt="blocker", steps=120)
+    wait_until(lambda: get(api_server, tenant_key, blocker["id"])["progress"]["step"] >= 5)
+    backlog = [submit(api_server.url, tenant_key, prompt=f"b{i}", steps=30) for i in range(4)]
+
+    asked = datetime.now().astimezone()
+    views = [get(api_server, tenant_key, job["id"]) for job in backlog]
+    positions = [v["queue_position"] for v in views]
+    etas = [v["eta_seconds"] for v in views]
+    assert positions == [0, 1, 2, 3]
+    assert all(eta is not None and eta > 0 for eta in etas)
+    assert etas == sorted(etas) and etas[-1] > etas[0]
+    running = get(api_server, tenant_key, blocker["id"])
+    assert running["queue_position"] is None and running["eta_seconds"] is None
+
+    wait_terminal(api_server.url, tenant_key, blocker["id"], timeout=60)
+    last = get(api_server, tenant_key, backlog[-1]["id"])
+    assert last["status"] != "queued" or last["queue_position"] < 3
+    _start_order(api_server, tenant_key, backlog)
+    actual = [
+        (
+            datetime.fromisoformat(get(api_server, tenant_key, j["id"])["started_at"]) - asked
+        ).total_seconds()
+        for j in backlog
+    ]
+    print(f"\npositions {positions}\neta_seconds     {etas}")
+    print(f"actual seconds  {[round(a, 1) for a in actual]}")
+    # An estimate, but an honest one: within a factor of two of what happened.
+    for eta, real in zip(etas, actual, strict=True):
+        assert real / 2 <= eta <= real * 2 + 0.5, (etas, actual)
+
+
+def test_a_high_priority_job_starts_before_a_normal_backlog(api_server, worker, tenant_key):
+    blocker = submit(api_server.url, tenant_key, prompt="blocker", steps=60)
+    wait_until(lambda: get(api_server, tenant_key, blocker["id"])["status"] == "running")
+    normals = [submit(api_server.url, tenant_key, prompt=f"n{i}", steps=2) for i in range(4)]
+    high = submit(api_server.url, tenant_key, prompt="urgent", steps=2, priority="high")
+    assert get(api_server, tenant_key, high["id"])["queue_position"] == 0
+
+    order = _start_order(api_server, tenant_key, [blocker, *normals, high])
+    names = {blocker["id"]: "blocker", high["id"]: "high"}
+    names.update({job["id"]: f"normal{i}" for i, job in enumerate(normals)})
+    observed = [names[job_id] for job_id in order]
+    print(f"\nobserved start order: {observed}")
+    assert observed == ["blocker", "high", "normal0", "normal1", "normal2", "normal3"]
+
+
+def test_a_long_waiting_low_job_ages_up_past_newer_normal_jobs(api_server, tenant_key, stack, db):
+    from app.catalog import load_catalog
+    from app.config import load_settings
+    from app.publish import Publisher
+    from app.relay import promote_starving
+
+    low = submit(api_server.url, tenant_key, prompt="patient", model="tiny-b", priority="low")
+    wait_until(lambda: get(api_server, tenant_key, low["id"])["queue_position"] is not None)
+    time.sleep(1.2)
+    normals = [submit(api_server.url, tenant_key, prompt=f"n{i}", model="tiny-b") for i in range(3)]
+    assert get(api_server, tenant_key, low["id"])["queue_position"] == 3  # behind them all
+
+    publisher = Publisher(load_catalog(load_settings()), embedded=False)
+    # Waited 1.2 s at 0.5 s per level: low -> normal -> high. The normals (fresh) stay.
+    assert promote_starving(db, publisher, aging_seconds=0.5) >= 1
+    assert get(api_server, tenant_key, low["id"])["queue_position"] == 0
+
+    worker_b = start_worker(stack.env, stack.logs, "worker-tiny-b-aging", models="tiny-b")
+    try:
+        order = _start_order(api_server, tenant_key, [low, *normals])
+        # The low job's first (low-priority) message arrives last and is dropped unrun.
+        worker_b.wait_for_log(rf"job {low['id']} not run: finished", timeout=30)
+    finally:
+        worker_b.stop()
+    assert order[0] == low["id"]
+    assert get(api_server, tenant_key, low["id"])["attempts"] == 1

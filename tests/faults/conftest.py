@@ -1,0 +1,236 @@
+"""The fault suite's own stack: a private PostgreSQL cluster and RabbitMQ node on their own
+ports (so they can be stopped, killed and restarted), SeaweedFS behind a cuttable proxy,
+an API, a relay and two workers. Every scenario prints a line of figures; the whole table
+is printed at the end of the run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.faults.harness import REPORT, write_report
+from tests.support.faultproxy import FaultProxy
+from tests.support.private_postgres import PrivatePostgres
+from tests.support.private_rabbit import PrivateRabbitMQ
+from tests.support.processes import ApiServer, ManagedProcess, start_worker
+from tests.support.seaweed import SeaweedS3
+from tests.support.stack import build_tiny_model
+
+MODELS = """\
+default_model = "tiny"
+
+[models.tiny]
+path = "{tiny}"
+queue = "gpu.tiny"
+dtype = "float32"
+max_width = 128
+max_height = 128
+max_pixels = 16384
+default_width = 64
+default_height = 64
+max_steps = 500
+default_steps = 8
+soft_time_limit = 60
+time_limit = 90
+
+[models.tiny-slow]
+path = "{tiny}"
+queue = "gpu.tiny"
+dtype = "float32"
+default_width = 64
+default_height = 64
+max_steps = 500
+default_steps = 8
+soft_time_limit = 2
+time_limit = 5
+"""
+
+WORKERS = ("fa", "fb")
+
+
+@dataclass
+class FaultStack:
+    env: dict[str, str]
+    logs: Path
+    rabbit: PrivateRabbitMQ
+    pg: PrivatePostgres
+    s3: SeaweedS3
+    proxy: FaultProxy
+    bucket: str
+    db: object
+    api: ApiServer
+    relay: ManagedProcess | None = None
+    workers: dict[str, ManagedProcess] = field(default_factory=dict)
+
+    def worker_logs(self) -> list[Path]:
+        return sorted(self.logs.glob("worker-*.log"))
+
+    def objects_of(self, row) -> list[str]:
+        listing = self.s3.client().list_objects_v2(
+            Bucket=self.bucket, Prefix=f"{row.tenant_id}/{row.id}/"
+        )
+        return [item["Key"] for item in listing.get("Contents", [])]
+
+    def start_worker(self, name: str, extra_env: dict[str, str] | None = None) -> ManagedProcess:
+        env = {**self.env, **(extra_env or {})}
+        worker = start_worker(env, self.logs, f"worker-{name}", models="tiny,tiny-slow")
+        self.workers[name] = worker
+        return worker
+
+    def restart_killed_worker(self, supervisor: int | None) -> None:
+        """After a Celery main process was killed, its supervisor (`diffq worker`) exits
+        too: wait for that, then start the worker again."""
+        for name, worker in list(self.workers.items()):
+            if worker.pid == supervisor:
+                worker.process.wait(timeout=30)
+                self.start_worker(name)
+
+    def ensure_workers(self, names=WORKERS) -> None:
+        for name in names:
+            worker = self.workers.get(name)
+            if worker is None or worker.process.poll() is not None:
+                self.start_worker(name)
+
+    def stop_workers(self, names=WORKERS) -> None:
+        for name in names:
+            worker = self.workers.pop(name, None)
+            if worker is not None:
+                worker.stop(signal.SIGTERM, timeout=60)
+
+    def start_relay(self) -> None:
+        self.relay = ManagedProcess(
+            "relay",
+            [sys.executable, "-m", "app.cli", "relay", "--interval", "0.5"],
+            self.env,
+            self.logs,
+        ).start()
+
+    def stop_relay(self) -> None:
+        if self.relay is not None:
+            self.relay.stop()
+            self.relay = None
+
+    def new_key(self) -> str:
+        from app.keys import create_key, get_or_create_tenant
+
+        with self.db.session() as session:
+            tenant = get_or_create_tenant(session, f"fault-{uuid.uuid4().hex[:10]}")
+            return create_key(session, tenant, "faults")
+
+
+@pytest.fixture(scope="session")
+def fault_stack(tmp_path_factory) -> FaultStack:
+    from kombu import Connection
+
+    from app.db.migrate import upgrade
+    from app.db.session import Database
+    from app.queues import declare_topology
+
+    workdir = tmp_path_factory.mktemp("faults")
+    logs = workdir / "logs"
+    logs.mkdir()
+    rabbit = PrivateRabbitMQ(workdir / "rabbit")
+    # The node takes the longest to boot: start it while the rest is set up.
+    booting = threading.Thread(target=rabbit.start)
+    booting.start()
+    pg = PrivatePostgres().init()
+    pg.start()
+    s3 = SeaweedS3(workdir / "s3").start()
+    proxy = FaultProxy(s3.port).start()
+    bucket = f"faults-{uuid.uuid4().hex[:8]}"
+    s3.client().create_bucket(Bucket=bucket)
+    tiny = build_tiny_model(workdir / "models" / "tiny")
+    (workdir / "models.toml").write_text(MODELS.format(tiny=tiny))
+    database_url = pg.create_database("diffq")
+    upgrade(database_url)
+    booting.join()
+    broker_url = rabbit.url
+    with Connection(broker_url) as conn:
+        declare_topology(conn, ["gpu.tiny"])
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("DIFFQ_")},
+        "DIFFQ_HOME": str(workdir / "home"),
+        "DIFFQ_DATABASE_URL": database_url,
+        "DIFFQ_BROKER_URL": broker_url,
+        "DIFFQ_MODELS_FILE": str(workdir / "models.toml"),
+        **s3.env(bucket),
+        # Workers reach S3 through the proxy; the API signs URLs for S3 itself.
+        "DIFFQ_S3_PUBLIC_ENDPOINT_URL": s3.endpoint,
+        "DIFFQ_PROGRESS_INTERVAL": "0.1",
+        "DIFFQ_LEASE_SECONDS": "6",
+        "DIFFQ_SHUTDOWN_GRACE": "3",
+        "DIFFQ_MAX_ATTEMPTS": "3",
+        "DIFFQ_RELAY_AFTER": "1",
+        "DIFFQ_UPLOAD_RETRIES": "6",
+        "DIFFQ_UPLOAD_BACKOFF": "0.5",
+        "DIFFQ_UPLOAD_BACKOFF_MAX": "4",
+        "DIFFQ_DB_RETRY": "60",
+        # Two CPU workers share two cores: spinning OpenMP threads would thrash.
+        "OMP_NUM_THREADS": "1",
+    }
+    api = ApiServer(env, logs, name="api-faults").start()
+    env["DIFFQ_S3_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.port}"
+    stack = FaultStack(
+        env=env,
+        logs=logs,
+        rabbit=rabbit,
+        pg=pg,
+        s3=s3,
+        proxy=proxy,
+        bucket=bucket,
+        db=Database(database_url, pool_size=2),
+        api=api,
+    )
+    stack.start_relay()
+    stack.ensure_workers()
+    yield stack
+    stack.stop_workers(list(stack.workers))
+    stack.stop_relay()
+    api.stop()
+    stack.db.dispose()
+    proxy.stop()
+    s3.stop()
+    rabbit.close()
+    pg.close()
+
+
+@pytest.fixture(autouse=True)
+def quiet_queue(fault_stack) -> None:
+    """Each scenario starts on an idle stack, so one's backlog never skews the next."""
+    from sqlalchemy import func, select
+
+    from app.db.models import Job
+    from app.jobs.states import JobStatus
+
+    fault_stack.ensure_workers()
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        with fault_stack.db.session() as session:
+            busy = session.scalar(
+                select(func.count())
+                .select_from(Job)
+                .where(Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
+            )
+        if not busy:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"{busy} jobs still queued or running from an earlier scenario")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if not REPORT:
+        return
+    path = Path(config.rootpath) / ".test-runs" / "faults.txt"
+    path.parent.mkdir(exist_ok=True)
+    write_report(path)
+    terminalreporter.section("fault scenarios")
+    for line in path.read_text().splitlines():
+        terminalreporter.write_line(line)

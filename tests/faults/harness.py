@@ -1,0 +1,139 @@
+"""Fault scenarios' bookkeeping: what was accepted, what became of it, what was duplicated."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+from sqlalchemy import select
+
+from tests.support.jobs import auth
+
+TERMINAL = {"succeeded", "failed", "canceled"}
+REPORT: list[Figures] = []
+
+
+@dataclass
+class Figures:
+    scenario: str
+    faults: int = 0
+    submitted: int = 0
+    refused: int = 0  # answered non-202: never accepted, so never owed a result
+    succeeded: int = 0
+    failed: Counter = field(default_factory=Counter)
+    lost: int = 0
+    duplicate_results: int = 0
+    duplicate_generations: int = 0
+    recovery_seconds: list[float] = field(default_factory=list)
+    notes: str = ""
+
+    def line(self) -> str:
+        failed = ",".join(f"{code}={n}" for code, n in sorted(self.failed.items())) or "0"
+        recovery = (
+            "/".join(f"{r:.1f}" for r in self.recovery_seconds) if self.recovery_seconds else "-"
+        )
+        return (
+            f"{self.scenario:<34} faults={self.faults:<3} submitted={self.submitted:<3} "
+            f"refused={self.refused:<2} succeeded={self.succeeded:<3} failed={failed:<22} "
+            f"lost={self.lost} dup_results={self.duplicate_results} "
+            f"dup_generations={self.duplicate_generations} recovery_s={recovery}"
+            + (f"  ({self.notes})" if self.notes else "")
+        )
+
+
+class Scenario:
+    """Submits over HTTP as one tenant, then settles and counts."""
+
+    def __init__(self, name: str, stack, key: str) -> None:
+        self.figures = Figures(name)
+        self.stack = stack
+        self.key = key
+        self.accepted: list[str] = []
+        self._lock = threading.Lock()
+
+    def submit(self, **body) -> str | None:
+        try:
+            response = requests.post(
+                f"{self.stack.api.url}/v1/jobs", json=body, headers=auth(self.key), timeout=30
+            )
+        except requests.RequestException:
+            response = None
+        with self._lock:
+            self.figures.submitted += 1
+            if response is None or response.status_code != 202:
+                self.figures.refused += 1
+                return None
+            job_id = response.json()["id"]
+            self.accepted.append(job_id)
+            return job_id
+
+    def rows(self, job_ids=None) -> dict[str, object]:
+        from app.db.models import Job
+
+        ids = [uuid.UUID(j) for j in (job_ids or self.accepted)]
+        with self.stack.db.session() as session:
+            return {str(j.id): j for j in session.scalars(select(Job).where(Job.id.in_(ids)))}
+
+    def row(self, job_id: str):
+        return self.rows([job_id]).get(job_id)
+
+    def settle(self, timeout: float = 120.0) -> dict[str, object]:
+        """Wait until every accepted job is terminal (or the time is up)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = self.rows()
+            if all(row.status.value in TERMINAL for row in rows.values()):
+                return rows
+            if time.monotonic() > deadline:
+                return rows
+            time.sleep(0.25)
+
+    def count(self, rows: dict[str, object]) -> Figures:
+        fig = self.figures
+        logs = "".join(p.read_text(errors="replace") for p in self.stack.worker_logs())
+        claims = Counter(re.findall(r"job (\S+) claimed \(attempt", logs))
+        successes = Counter(re.findall(r"job (\S+) succeeded in", logs))
+        for job_id in self.accepted:
+            row = rows.get(job_id)
+            status = row.status.value if row is not None else "missing"
+            if status == "succeeded":
+                fig.succeeded += 1
+                objects = self.stack.objects_of(row)
+                if successes[job_id] > 1 or len(objects) != row.input.get("num_images", 1):
+                    fig.duplicate_results += 1
+            elif status in ("failed", "canceled"):
+                fig.failed[row.error_code] += 1
+            else:
+                fig.lost += 1
+            fig.duplicate_generations += max(0, claims[job_id] - 1)
+        return fig
+
+    def report(self, rows: dict[str, object]) -> Figures:
+        fig = self.count(rows)
+        REPORT.append(fig)
+        print("\n" + fig.line())
+        return fig
+
+
+def write_report(path: Path) -> None:
+    lines = [fig.line() for fig in REPORT]
+    totals = Figures("TOTAL (without the control)")
+    for fig in REPORT:
+        if fig.scenario.startswith("control"):
+            continue
+        totals.faults += fig.faults
+        totals.submitted += fig.submitted
+        totals.refused += fig.refused
+        totals.succeeded += fig.succeeded
+        totals.failed.update(fig.failed)
+        totals.lost += fig.lost
+        totals.duplicate_results += fig.duplicate_results
+        totals.duplicate_generations += fig.duplicate_generations
+    lines.append(totals.line())
+    path.write_text("\n".join(lines) + "\n")

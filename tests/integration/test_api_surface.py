@@ -1,0 +1,88 @@
+"""Listing and pagination, probes, the OpenAPI document, and the error envelope."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.jobs import auth
+
+pytestmark = pytest.mark.services
+
+
+def test_list_is_newest_first_with_cursor_pages(client, tenant_key):
+    ids = []
+    for i in range(5):
+        response = client.post(
+            "/v1/jobs", json={"prompt": f"job {i}", "steps": 1}, headers=auth(tenant_key)
+        )
+        ids.append(response.json["id"])
+    seen, cursor, pages = [], None, 0
+    while True:
+        query = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+        page = client.get("/v1/jobs", query_string=query, headers=auth(tenant_key)).json
+        pages += 1
+        seen += [job["id"] for job in page["data"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == 3
+    assert seen == list(reversed(ids))
+
+
+def test_list_filters_by_status(client, tenant_key):
+    client.post("/v1/jobs", json={"prompt": "one", "steps": 1}, headers=auth(tenant_key))
+    failed = client.get("/v1/jobs?status=failed", headers=auth(tenant_key)).json
+    assert failed["data"] == [] and failed["next_cursor"] is None
+    everything = client.get("/v1/jobs", headers=auth(tenant_key)).json
+    assert len(everything["data"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("limit=0", "limit"),
+        ("limit=101", "limit"),
+        ("status=done", "status"),
+        ("cursor=zzz", "cursor"),
+    ],
+)
+def test_bad_list_parameters_are_422(client, tenant_key, query, field):
+    response = client.get(f"/v1/jobs?{query}", headers=auth(tenant_key))
+    assert response.status_code == 422
+    assert field in response.json["errors"]["query"]
+
+
+def test_health_and_readiness_check_every_dependency(client):
+    assert client.get("/healthz").json == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200, ready.json
+    assert ready.json["checks"] == {"database": "ok", "broker": "ok", "storage": "ok"}
+
+
+def test_openapi_document_describes_routes_limits_and_auth(client):
+    spec = client.get("/openapi.json").json
+    assert spec["info"]["title"] == "diffq"
+    paths = spec["paths"]
+    for path in ("/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/images/{index}", "/readyz"):
+        assert path in paths, path
+    post = paths["/v1/jobs"]["post"]
+    assert post["summary"] == "Submit a job"
+    assert {"202", "401", "413", "422"} <= set(post["responses"])
+    assert spec["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
+    schema = spec["components"]["schemas"]["JobCreate"]
+    assert "prompt" in schema["required"]
+    assert "max_steps" in schema["properties"]["steps"]["description"]
+    assert paths["/healthz"]["get"]["security"] == []
+
+
+def test_interactive_docs_page_is_served(client):
+    response = client.get("/docs")
+    assert response.status_code == 200
+    assert b"swagger-ui" in response.data
+
+
+def test_unknown_route_and_method_use_the_error_envelope(client, tenant_key):
+    missing = client.get("/v2/nothing")
+    assert missing.status_code == 404 and missing.json["code"] == 404
+    wrong = client.delete("/v1/jobs", headers=auth(tenant_key))
+    assert wrong.status_code == 405 and wrong.json["status"] == "Method Not Allowed"

@@ -1,0 +1,93 @@
+"""The lifecycle's conditional updates, against PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.jobs import service, transitions
+from app.jobs.states import ErrorCode, JobStatus, Priority
+from app.jobs.transitions import ClaimKind
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture
+def job_id(db):
+    from app.keys import get_or_create_tenant
+
+    with db.session() as session:
+        tenant = get_or_create_tenant(session, f"states-{id(session)}")
+        job = service.create_job(
+            session,
+            tenant.id,
+            model="tiny",
+            queue="gpu.tiny",
+            priority=Priority.NORMAL,
+            params={"prompt": "p", "steps": 4, "seed": 1},
+            metadata=None,
+        )
+        return job.id
+
+
+def claim(db, job_id, owner="w1", redelivered=False, max_attempts=3):
+    with db.session() as session:
+        return transitions.claim_job(
+            session,
+            job_id,
+            owner=owner,
+            redelivered=redelivered,
+            max_attempts=max_attempts,
+            lease_seconds=30,
+        )
+
+
+def test_a_queued_job_is_claimed_once(db, job_id):
+    first = claim(db, job_id)
+    assert first.kind == ClaimKind.CLAIMED
+    assert first.job.status == JobStatus.RUNNING and first.job.attempts == 1
+    assert first.job.lease_owner == "w1" and first.job.progress["stage"] == "loading"
+    # A fresh duplicate of the message finds it running: someone holds it.
+    assert claim(db, job_id, owner="w2").kind == ClaimKind.BUSY
+
+
+def test_a_redelivered_message_takes_over_a_running_job(db, job_id):
+    claim(db, job_id, owner="w1")
+    second = claim(db, job_id, owner="w2", redelivered=True)
+    assert second.kind == ClaimKind.CLAIMED and second.job.attempts == 2
+    with db.session() as session:
+        # The first owner's writes no longer land.
+        assert not transitions.record_progress(
+            session, job_id, owner="w1", progress={"stage": "denoising"}, lease_seconds=30
+        )
+        assert not transitions.finish_succeeded(session, job_id, owner="w1", result={"images": []})
+        assert transitions.finish_succeeded(session, job_id, owner="w2", result={"images": []})
+
+
+def test_a_succeeded_job_is_never_claimed_again_even_when_redelivered(db, job_id):
+    claim(db, job_id)
+    with db.session() as session:
+        assert transitions.finish_succeeded(session, job_id, owner="w1", result={"images": []})
+    for redelivered in (False, True):
+        again = claim(db, job_id, owner="w9", redelivered=redelivered)
+        assert again.kind == ClaimKind.FINISHED and again.job.attempts == 1
+
+
+def test_the_attempt_cap_stops_claims(db, job_id):
+    for attempt in range(3):
+        assert claim(db, job_id, owner=f"w{attempt}", redelivered=True).kind == ClaimKind.CLAIMED
+    assert claim(db, job_id, owner="w9", redelivered=True).kind == ClaimKind.EXHAUSTED
+
+
+def test_failure_is_recorded_once_and_terminal_states_do_not_move(db, job_id):
+    claim(db, job_id)
+    with db.session() as session:
+        assert transitions.finish_failed(
+            session, job_id, code=ErrorCode.TIMEOUT, message="slow", owner="w1"
+        )
+        assert not transitions.finish_failed(session, job_id, code=ErrorCode.INTERNAL, message="x")
+        assert not transitions.finish_succeeded(session, job_id, owner="w1", result={"images": []})
+    with db.session() as session:
+        from app.db.models import Job
+
+        job = session.get(Job, job_id)
+        assert (job.status, job.error_code, job.lease_owner) == (JobStatus.FAILED, "timeout", None)

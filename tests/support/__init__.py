@@ -1,0 +1,1 @@
+"""Helpers that start and inspect the real services the tests use."""

@@ -1,0 +1,59 @@
+"""The models file: defaults, per-model limits, and refusals of unsafe settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.catalog import CatalogError, load_catalog
+from app.config import load_settings
+
+
+def _catalog(tmp_path, text: str):
+    path = tmp_path / "models.toml"
+    path.write_text(text)
+    return load_catalog(
+        load_settings({"DIFFQ_HOME": str(tmp_path), "DIFFQ_MODELS_FILE": str(path)})
+    )
+
+
+def test_without_a_models_file_the_tiny_model_is_the_default(tmp_path):
+    catalog = load_catalog(load_settings({"DIFFQ_HOME": str(tmp_path)}))
+    assert catalog.default_model == "tiny"
+    assert catalog.get(None).path == tmp_path / "models" / "tiny"
+    assert catalog.queues == ["gpu.tiny"]
+
+
+def test_entries_get_their_own_queue_and_relative_paths_resolve(tmp_path):
+    catalog = _catalog(
+        tmp_path,
+        '[models.sdxl]\npath = "weights/sdxl"\nmax_steps = 60\n'
+        '[models.turbo]\npath = "/srv/turbo"\nqueue = "gpu.fast"\n',
+    )
+    assert catalog.default_model == "sdxl"
+    assert catalog.models["sdxl"].queue == "gpu.sdxl"
+    assert catalog.models["sdxl"].path == tmp_path / "weights" / "sdxl"
+    assert catalog.models["sdxl"].max_steps == 60
+    assert catalog.queues == ["gpu.fast", "gpu.sdxl"]
+    assert [m.name for m in catalog.models_for_queues(["gpu.fast"])] == ["turbo"]
+
+
+@pytest.mark.parametrize(
+    ("table", "fragment"),
+    [
+        ('path = "/m"\ntime_limit = 1700\nsoft_time_limit = 1600', "consumer_timeout"),
+        ('path = "/m"\nsoft_time_limit = 700\ntime_limit = 600', "soft_time_limit < time_limit"),
+        ('path = "/m"\ndtype = "int8"', "dtype"),
+        ('path = "/m"\nwidth = 512', "unknown keys"),
+        ('queue = "q"', "path is required"),
+        ('path = "/m"\nschedulers = ["magic"]', "unknown schedulers"),
+        ('path = "/m"\ndefault_width = 100', "default_width"),
+    ],
+)
+def test_unsafe_or_broken_entries_are_refused(tmp_path, table, fragment):
+    with pytest.raises(CatalogError, match=fragment):
+        _catalog(tmp_path, f"[models.m]\n{table}\n")
+
+
+def test_a_default_model_that_is_not_defined_is_refused(tmp_path):
+    with pytest.raises(CatalogError, match="default_model"):
+        _catalog(tmp_path, 'default_model = "x"\n[models.m]\npath = "/m"\n')

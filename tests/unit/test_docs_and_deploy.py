@@ -1,0 +1,59 @@
+"""The README's configuration table and the deploy files agree with the code."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import yaml
+
+from app.catalog import ModelSpec, load_catalog
+from app.config import load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+# Read by scripts or internal hand-offs, not by load_settings().
+NOT_SETTINGS = {"DIFFQ_TORCH", "DIFFQ_TEST_PG_URL", "DIFFQ_TEST_AMQP_URL", "DIFFQ_WORKER_QUEUES"}
+
+
+def _config_table() -> str:
+    return README.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+
+
+def test_every_setting_is_in_the_readme_table_and_nothing_else():
+    read = set(re.findall(r'"(DIFFQ_[A-Z0-9_]+)"', (ROOT / "app/config.py").read_text()))
+    documented = set(re.findall(r"`(DIFFQ_[A-Z0-9_]+)`", _config_table())) - NOT_SETTINGS
+    assert read == documented
+
+
+def test_the_readme_lists_every_model_key():
+    section = README.split("Every key of a `[models.NAME]` table:", 1)[1].split("A request", 1)[0]
+    listed = set(re.findall(r"`([a-z_]+)`", section))
+    assert {f.name for f in fields(ModelSpec)} - {"name"} <= listed
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["deploy/models.toml", "deploy/k8s/configmap.yaml"],
+)
+def test_shipped_model_files_are_valid_catalogs(tmp_path, source):
+    text = (ROOT / source).read_text()
+    if source.endswith(".yaml"):
+        text = yaml.safe_load(text)["data"]["models.toml"]
+    models = tmp_path / "models.toml"
+    models.write_text(text)
+    catalog = load_catalog(
+        load_settings({"DIFFQ_HOME": str(tmp_path), "DIFFQ_MODELS_FILE": str(models)})
+    )
+    assert catalog.models
+
+
+def test_deploy_manifests_parse_and_only_set_known_settings():
+    known = set(re.findall(r'"(DIFFQ_[A-Z0-9_]+)"', (ROOT / "app/config.py").read_text()))
+    for path in sorted((ROOT / "deploy").rglob("*.yaml")):
+        text = path.read_text()
+        assert list(yaml.safe_load_all(text)), path
+        used = set(re.findall(r"\b(DIFFQ_[A-Z0-9_]+)\b", text))
+        assert used <= known, (path, used - known)

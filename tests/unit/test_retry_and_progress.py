@@ -1,0 +1,126 @@
+"""Upload retries with jittered backoff, and progress throttling."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from app.storage.base import StorageError, StorageUnavailable
+from app.storage.retry import backoff_delays, outage_budget, put_with_retry
+from workers.progress import ProgressReporter
+
+
+class FlakyStore:
+    kind = "flaky"
+
+    def __init__(self, failures: int, transient: bool = True) -> None:
+        self.failures = failures
+        self.transient = transient
+        self.calls = 0
+        self.stored: dict[str, bytes] = {}
+
+    def put(self, key, data, content_type):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise StorageError("boom", transient=self.transient)
+        self.stored[key] = data
+
+
+def test_backoff_is_jittered_exponential_with_a_guaranteed_span():
+    for seed in range(20):
+        delays = list(backoff_delays(6, base=0.5, cap=4.0, rng=random.Random(seed)))
+        assert len(delays) == 6
+        for attempt, delay in enumerate(delays):
+            step = min(4.0, 0.5 * 2**attempt)
+            assert step / 2 <= delay <= step
+        assert sum(delays) >= outage_budget(6, 0.5, 4.0) == 7.75
+    assert len({round(d, 6) for d in backoff_delays(6, 0.5, 4.0)}) == 6  # jittered
+
+
+def test_transient_failures_are_retried_until_success():
+    store, slept = FlakyStore(failures=3), []
+    retries = put_with_retry(
+        store, "k", b"v", "image/png", retries=5, backoff=0.1, backoff_max=1, sleep=slept.append
+    )
+    assert retries == 3 and store.stored == {"k": b"v"} and len(slept) == 3
+
+
+def test_retries_are_bounded():
+    store = FlakyStore(failures=100)
+    with pytest.raises(StorageUnavailable, match="after 4 attempt"):
+        put_with_retry(
+            store,
+            "k",
+            b"v",
+            "image/png",
+            retries=3,
+            backoff=0.1,
+            backoff_max=1,
+            sleep=lambda _: None,
+        )
+    assert store.calls == 4
+
+
+def test_permanent_failures_are_not_retried():
+    store = FlakyStore(failures=1, transient=False)
+    with pytest.raises(StorageUnavailable):
+        put_with_retry(
+            store,
+            "k",
+            b"v",
+            "image/png",
+            retries=5,
+            backoff=0.1,
+            backoff_max=1,
+            sleep=lambda _: None,
+        )
+    assert store.calls == 1
+
+
+def test_steps_never_wait_for_a_slow_database():
+    written = []
+
+    def slow_write(progress):
+        time.sleep(0.2)
+        written.append(progress)
+        return True
+
+    reporter = ProgressReporter(slow_write, interval=0.05)
+    started = time.perf_counter()
+    for step in range(1, 21):
+        assert reporter.step(step, 20)
+    handed_off = time.perf_counter() - started
+    reporter.stage("uploading", 20, 20)
+    assert handed_off < 0.05  # 20 steps, against 0.2 s for a single write
+    assert written[-1]["stage"] == "uploading"  # a stage is never overtaken by a step
+
+
+def test_steps_are_throttled_and_the_last_one_is_written():
+    written = []
+    reporter = ProgressReporter(lambda p: written.append(p) or True, interval=0.1)
+    reporter.stage("encoding_prompt", 0, 20)
+    for step in range(1, 21):
+        reporter.step(step, 20)
+        time.sleep(0.025)  # 20 steps over half a second
+    reporter.stage("uploading", 20, 20)
+    stages = [p["stage"] for p in written]
+    steps = [p["step"] for p in written if p["stage"] in ("denoising", "decoding")]
+    assert stages[0] == "encoding_prompt" and stages[-1] == "uploading"
+    assert 3 <= len(steps) <= 9  # about one write per 0.1 s, not one per step
+    assert steps == sorted(steps) and steps[-1] == 20
+
+
+def test_a_lost_claim_or_a_cancel_stops_the_run_at_the_next_step():
+    reporter = ProgressReporter(lambda _p: False, interval=0.0)
+    assert reporter.stage("encoding_prompt") is False
+    assert reporter.step(1, 4) is False
+
+    stop = threading.Event()
+    reporter = ProgressReporter(lambda _p: True, interval=10.0, stop=stop)
+    assert reporter.step(1, 4) is True
+    stop.set()
+    assert reporter.step(2, 4) is False and reporter.last_step == 2
+    reporter.close()
