@@ -22,6 +22,13 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
 
 
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    raw = (env.get(name) or choices[0]).strip().lower()
+    if raw not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+    return raw
+
+
 def _float(env: Mapping[str, str], name: str, default: float) -> float:
     raw = env.get(name)
     if raw in (None, ""):
@@ -71,6 +78,12 @@ class Settings:
     api_bind: str
     device: str
     log_level: str
+    log_format: str  # "text" or "json"
+    metrics_dir: Path  # prometheus_client multiprocess files, one folder per process tree
+    worker_metrics_port: int  # 0: a worker serves no /metrics
+    worker_metrics_host: str
+    rabbitmq_api_url: str | None  # RabbitMQ's management API, for Flower's broker tab
+    flower_auth: str | None  # user:password for Flower's basic authentication
 
     @property
     def embedded(self) -> bool:
@@ -139,4 +152,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         api_bind=env.get("DIFFQ_API_BIND") or "127.0.0.1:8000",
         device=env.get("DIFFQ_DEVICE") or "auto",
         log_level=env.get("DIFFQ_LOG_LEVEL") or "INFO",
+        log_format=_choice(env, "DIFFQ_LOG_FORMAT", ("text", "json")),
+        metrics_dir=Path(env.get("DIFFQ_METRICS_DIR") or home / "metrics").expanduser(),
+        worker_metrics_port=_int(env, "DIFFQ_WORKER_METRICS_PORT", 9808),
+        worker_metrics_host=env.get("DIFFQ_WORKER_METRICS_HOST") or "127.0.0.1",
+        rabbitmq_api_url=env.get("DIFFQ_RABBITMQ_API_URL") or None,
+        flower_auth=env.get("DIFFQ_FLOWER_AUTH") or None,
     )

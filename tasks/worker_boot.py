@@ -12,9 +12,11 @@ import threading
 from celery import signals
 from celery.exceptions import WorkerShutdown
 
+from app import logs
 from app.catalog import load_catalog
 from app.config import load_settings
 from app.queues import declare_topology
+from workers import metrics as worker_metrics
 
 log = logging.getLogger(__name__)
 _runtime = None
@@ -30,6 +32,14 @@ def _consumed_queues(consumer_queues) -> list[str]:
     return sorted(q.name for q in consumer_queues)
 
 
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def structured_logs(logger=None, **_kwargs) -> None:
+    """Job fields on every line about a job; JSON lines with DIFFQ_LOG_FORMAT=json."""
+    if logger is not None:
+        logs.apply(logger, load_settings().log_format, keep_text=True)
+
+
 @signals.worker_init.connect
 def check_and_declare(sender=None, **_kwargs) -> None:
     """Runs in the worker's main process before any pool child exists."""
@@ -39,6 +49,7 @@ def check_and_declare(sender=None, **_kwargs) -> None:
     from workers.runtime import served_models
 
     settings = load_settings()
+    worker_metrics.prepare(settings, sender.hostname)  # before anything imports the client
     catalog = load_catalog(settings)
     queues = _consumed_queues(sender.app.amqp.queues.consume_from.values())
     names = served_models(catalog, queues)
@@ -54,6 +65,7 @@ def check_and_declare(sender=None, **_kwargs) -> None:
         with sender.app.connection_for_write() as conn:
             declare_topology(conn, queues)
     os.environ["DIFFQ_WORKER_QUEUES"] = ",".join(queues)
+    os.environ["DIFFQ_WORKER_NAME"] = sender.hostname
     # Import (never initialise CUDA) before forking: a pool child that replaces a dead
     # one then starts in well under a second instead of re-importing torch.
     import torch  # noqa: F401
@@ -62,6 +74,7 @@ def check_and_declare(sender=None, **_kwargs) -> None:
     transformers.utils.logging.set_verbosity_error()
     for name in names:
         preimport_components(catalog.models[name])
+    worker_metrics.serve(settings)
     log.info("worker serves models %s from queues %s", names, queues)
 
 
@@ -117,6 +130,7 @@ _parent_db = None
 def record_hard_timeout(payload, exc) -> None:
     """Mark a job whose pool child was killed by the hard time limit as failed/timeout."""
     global _parent_db
+    from app.db.models import Job
     from app.db.session import Database
     from app.jobs import transitions
     from app.jobs.payload import InvalidPayload, parse_payload
@@ -129,12 +143,17 @@ def record_hard_timeout(payload, exc) -> None:
     if _parent_db is None:
         _parent_db = Database(load_settings().database_url, pool_size=1)
     with _parent_db.session() as session:
-        transitions.finish_failed(
+        failed = transitions.finish_failed(
             session,
             job_id,
             code=ErrorCode.TIMEOUT,
             message=f"the job exceeded its hard time limit ({exc}) and was stopped",
         )
+        job = session.get(Job, job_id) if failed else None
+    if job is not None:
+        from app.metrics.instruments import JOBS_FINISHED
+
+        JOBS_FINISHED.labels(job.model, "failed", ErrorCode.TIMEOUT.value).inc()
     log.error("job %s stopped by the hard time limit", job_id, extra={"job_id": str(job_id)})
 
 

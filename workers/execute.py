@@ -17,6 +17,13 @@ from app.db.models import Job
 from app.jobs import transitions
 from app.jobs.payload import InvalidPayload, parse_payload
 from app.jobs.states import ErrorCode
+from app.logs import job_context
+from app.metrics.instruments import (
+    GENERATION_DURATION,
+    JOBS_FINISHED,
+    STEP_DURATION,
+    WORKER_BUSY,
+)
 from app.storage import StorageUnavailable, image_key
 from app.storage.retry import put_with_retry
 from workers.encoding import encode_image
@@ -49,9 +56,10 @@ def execute_job(rt: WorkerRuntime, raw_payload: Any, *, redelivered: bool) -> Ou
     except InvalidPayload as exc:
         if exc.job_id is not None:
             with rt.db.session() as session:
-                transitions.finish_failed(
+                if transitions.finish_failed(
                     session, exc.job_id, code=ErrorCode.INVALID_MESSAGE, message=str(exc)
-                )
+                ):
+                    _count_failed(session.get(Job, exc.job_id), ErrorCode.INVALID_MESSAGE)
         log.error("dead-lettering a broken message: %s", exc)
         return Outcome(Verdict.DEAD_LETTER, f"invalid message: {exc}")
 
@@ -71,10 +79,13 @@ def execute_job(rt: WorkerRuntime, raw_payload: Any, *, redelivered: bool) -> Ou
                 f"gave up after {claim.job.attempts} attempts: each ended without an outcome "
                 "(the worker was lost or the job exceeded its hard time limit)"
             )
-            transitions.finish_failed(
+            if transitions.finish_failed(
                 session, payload.job_id, code=ErrorCode.DEAD_LETTERED, message=message
-            )
+            ):
+                _count_failed(claim.job, ErrorCode.DEAD_LETTERED)
     log_extra = {"job_id": str(payload.job_id), "tenant": str(payload.tenant)}
+    if claim.job is not None:
+        log_extra["attempt"] = str(claim.job.attempts)
     if kind == transitions.ClaimKind.EXHAUSTED:
         log.error("job %s dead-lettered: attempt cap reached", payload.job_id, extra=log_extra)
         return Outcome(Verdict.DEAD_LETTER, "attempt cap reached")
@@ -91,10 +102,13 @@ def execute_job(rt: WorkerRuntime, raw_payload: Any, *, redelivered: bool) -> Ou
         extra=log_extra,
     )
     rt.start_job(claim.job.id)
+    held_since = time.perf_counter()
     try:
-        return _run(rt, claim.job)
+        with job_context(**log_extra):
+            return _run(rt, claim.job)
     finally:
         rt.end_job()
+        WORKER_BUSY.labels(rt.name).inc(time.perf_counter() - held_since)
 
 
 def _record(rt: WorkerRuntime, write: Callable[[Session], T]) -> T:
@@ -129,7 +143,13 @@ def _fail(rt: WorkerRuntime, job: Job, code: ErrorCode, message: str) -> Outcome
         # Someone else owns the job now (or it was canceled): their outcome stands.
         return Outcome(Verdict.ACK, f"{code} not recorded: job no longer held")
     log.warning("job %s failed: %s: %s", job.id, code, message, extra={"job_id": str(job.id)})
+    _count_failed(job, code)
     return Outcome(Verdict.DEAD_LETTER, f"{code}: {message}")
+
+
+def _count_failed(job: Job | None, code: ErrorCode) -> None:
+    model = job.model if job is not None else "unknown"
+    JOBS_FINISHED.labels(model, "failed", code.value).inc()
 
 
 def _run(rt: WorkerRuntime, job: Job) -> Outcome:
@@ -210,6 +230,9 @@ def _generate_and_store(
     if not recorded:
         log.warning("job %s finished but is no longer held; result not recorded", job.id)
         return Outcome(Verdict.ACK, "finished but no longer held", generated=True)
+    JOBS_FINISHED.labels(job.model, "succeeded", "").inc()
+    GENERATION_DURATION.labels(job.model, str(steps)).observe(generated - started)
+    STEP_DURATION.labels(job.model).observe((generated - started) / max(1, steps))
     log.info(
         "job %s succeeded in %.3fs (generate %.3fs, encode+upload %.3fs, %d progress writes)",
         job.id,

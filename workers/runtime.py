@@ -30,6 +30,7 @@ class WorkerRuntime:
     models: dict[str, LoadedModel]
     device: str
     owner: str
+    name: str  # the Celery node name (gpu0@host): a label on this worker's metrics
     # The job this process is running, and the flag that stops it at the next step: raised
     # by a cancel notification, a lost lease, or a shutdown that outlasts its grace period.
     current_job: uuid.UUID | None = None
@@ -99,6 +100,7 @@ def build_runtime(settings: Settings, queues: list[str]) -> WorkerRuntime:
         models=models,
         device=device,
         owner=owner,
+        name=os.environ.get("DIFFQ_WORKER_NAME") or socket.gethostname(),
     )
     if runtime.db.engine.dialect.name == "postgresql":
         # Cancels reach a running job within one step; elsewhere, at the next progress write.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,9 @@ import time
 from collections.abc import Sequence
 
 from app.catalog import Catalog
+from app.config import load_settings
+from app.metrics import multiproc
+from workers import metrics as worker_metrics
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +119,18 @@ def run_workers(
     """
     plan = [(f"{name or 'gpu'}{gpu}", gpu) for gpu in gpus] or [(name or "cpu", "")]
     group = ProcessGroup()
-    for node, gpu in plan:
+    settings = load_settings()
+    metrics_port = settings.worker_metrics_port
+    for index, (node, gpu) in enumerate(plan):
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)
+        if metrics_port > 0:
+            # Each GPU's worker serves its own /metrics on the next port, summing the
+            # files its pool processes write to its own (emptied) folder.
+            env["DIFFQ_WORKER_METRICS_PORT"] = str(metrics_port + index)
+            folder = worker_metrics.directory(settings, node)
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True, exist_ok=True)
+            env[multiproc.ENV] = str(folder)
         where = f"GPU {gpu}" if gpu else "CPU"
         log.info("starting worker %s on %s for queues %s", node, where, ",".join(queues))
         group.start(worker_command(node, queues, loglevel), env=env)

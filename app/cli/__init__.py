@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import sys
 
+from app import logs
 from app.cli import admin, client, serve
 
 
@@ -19,9 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure("INFO", os.environ.get("DIFFQ_LOG_FORMAT", "text").strip().lower())
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args) or 0

@@ -49,9 +49,22 @@ def register(commands) -> None:
     relay.add_argument("--interval", type=float, default=2.0, help="seconds between scans")
     relay.set_defaults(handler=run_relay)
 
+    flower = commands.add_parser(
+        "flower", help="Flower, Celery's dashboard, on our app, with authentication on"
+    )
+    flower.add_argument("--bind", default="127.0.0.1:5555", help="host:port (default %(default)s)")
+    flower.set_defaults(handler=run_flower)
+
     up = commands.add_parser("up", help="everything in one command, on the embedded defaults")
     up.add_argument("--bind", help="host:port (default DIFFQ_API_BIND, 127.0.0.1:8000)")
     up.set_defaults(handler=run_up)
+
+
+# gunicorn's access log, as JSON lines when DIFFQ_LOG_FORMAT=json.
+JSON_ACCESS_LOG = (
+    '{"time": "%(t)s", "logger": "gunicorn.access", "remote": "%(h)s", "method": "%(m)s", '
+    '"path": "%(U)s", "status": %(s)s, "bytes": "%(B)s", "duration_us": %(D)s}'
+)
 
 
 def gunicorn_command(bind: str, workers: int, threads: int) -> list[str]:
@@ -67,12 +80,26 @@ def gunicorn_command(bind: str, workers: int, threads: int) -> list[str]:
         # gthread counts every open connection (event streams included) against this.
         f"--worker-connections={max(1000, 2 * threads)}",
         "--access-logfile=-",
+        *(
+            [f"--access-logformat={JSON_ACCESS_LOG}"]
+            if load_settings().log_format == "json"
+            else []
+        ),
         "--graceful-timeout=20",
     ]
 
 
+def prepare_api_metrics(bind: str) -> None:
+    """Give the gunicorn process tree its multiprocess metrics folder (emptied)."""
+    from app.metrics import multiproc
+
+    name = "api-" + bind.replace(":", "_").replace("/", "_")
+    multiproc.use_directory(load_settings().metrics_dir / name)
+
+
 def run_api(args: argparse.Namespace) -> int:
     bind = args.bind or load_settings().api_bind
+    prepare_api_metrics(bind)
     command = gunicorn_command(bind, args.workers, args.threads)
     os.execv(command[0], command)
     return 1  # not reached
@@ -128,6 +155,45 @@ def run_relay(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stop.set())
     relay_loop(stop, args.interval)
     return 0
+
+
+def management_api_url(broker_url: str) -> str:
+    """RabbitMQ's management API beside an amqp:// broker URL (same host and user, port
+    15672): what Flower's broker tab reads when DIFFQ_RABBITMQ_API_URL is not set."""
+    from urllib.parse import quote, unquote, urlsplit
+
+    parts = urlsplit(broker_url)
+    user = quote(unquote(parts.username or "guest"), safe="")
+    password = quote(unquote(parts.password or "guest"), safe="")
+    return f"http://{user}:{password}@{parts.hostname or '127.0.0.1'}:15672/api/"
+
+
+def run_flower(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    if not settings.flower_auth or ":" not in settings.flower_auth:
+        raise ValueError(
+            "set DIFFQ_FLOWER_AUTH=user:password: Flower can revoke tasks and shut workers "
+            "down, so diffq does not serve it without authentication"
+        )
+    if settings.embedded:
+        raise ValueError("Flower needs RabbitMQ: set DIFFQ_BROKER_URL")
+    host, _, port = args.bind.rpartition(":")
+    env = dict(os.environ)
+    # Through the environment, not the command line: ps shows arguments to everyone.
+    env["FLOWER_BASIC_AUTH"] = settings.flower_auth
+    env["FLOWER_BROKER_API"] = settings.rabbitmq_api_url or management_api_url(settings.broker_url)
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tasks",
+        "flower",
+        f"--address={host or '127.0.0.1'}",
+        f"--port={port}",
+    ]
+    os.execve(command[0], command, env)
+    return 1  # not reached
 
 
 def run_up(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ import time
 import urllib.request
 
 from app.catalog import load_catalog
-from app.cli.serve import gunicorn_command, relay_loop
+from app.cli.serve import gunicorn_command, prepare_api_metrics, relay_loop
 from app.config import Settings, load_settings
 from workers.supervisor import ProcessGroup
 
@@ -96,6 +96,7 @@ def run_embedded(bind: str | None) -> int:
     threading.Thread(
         target=_echo_and_watch, args=(worker.stdout, "warmed up in", worker_ready), daemon=True
     ).start()
+    prepare_api_metrics(bind)
     group.start(gunicorn_command(bind, workers=1, threads=64))
     children = group.children
     stop = threading.Event()

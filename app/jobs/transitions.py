@@ -290,3 +290,30 @@ def reap(session: Session, job: Job, *, max_attempts: int) -> ReapOutcome:
         progress=progress_of("queued"),
     )
     return ReapOutcome.REQUEUED if requeued else ReapOutcome.SKIPPED
+
+
+def requeue_by_operator(session: Session, job_id: uuid.UUID, *, stuck_running: bool) -> bool:
+    """An operator sends a failed job (or a queued one, or, with `stuck_running`, a
+    running one whose lease expired) back to the queue with a fresh attempt budget. The
+    row is left unpublished, so the relay publishes it if the caller's publish fails."""
+    allowed = [Job.status.in_([JobStatus.FAILED, JobStatus.QUEUED])]
+    if stuck_running:
+        allowed = [
+            Job.status.in_([JobStatus.FAILED, JobStatus.QUEUED])
+            | ((Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < utcnow()))
+        ]
+    return change(
+        session,
+        job_id,
+        *allowed,
+        status=JobStatus.QUEUED,
+        attempts=0,
+        error_code=None,
+        error_message=None,
+        finished_at=None,
+        started_at=None,
+        lease_owner=None,
+        lease_expires_at=None,
+        published_at=None,
+        progress=progress_of("queued"),
+    )

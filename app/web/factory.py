@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import logging
-
 from flask import Flask
 from flask_smorest import Api
 
+from app import logs
 from app.catalog import load_catalog
 from app.config import Settings, load_settings
 from app.db.session import Database
 from app.publish import Publisher
 from app.storage import open_storage
 from app.web.errors import register_error_handlers
+from app.web.metrics import install as install_metrics
 from app.web.openapi import spec_options
 from app.web.services import Services, close_request_session
 from app.web.watch import JobWatcher
@@ -20,7 +20,7 @@ from app.web.watch import JobWatcher
 
 def create_app(settings: Settings | None = None) -> Flask:
     settings = settings or load_settings()
-    logging.basicConfig(level=settings.log_level)
+    logs.configure(settings.log_level, settings.log_format)
     catalog = load_catalog(settings)
     app = Flask("diffq")
     app.config.update(
@@ -58,5 +58,6 @@ def create_app(settings: Settings | None = None) -> Flask:
     for blueprint in (jobs_blp, events_blp, health_blp, files_blp):
         api.register_blueprint(blueprint)
     register_error_handlers(app, api)
+    install_metrics(app, app.extensions["diffq"])
     app.teardown_appcontext(close_request_session)
     return app

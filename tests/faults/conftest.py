@@ -173,6 +173,7 @@ def fault_stack(tmp_path_factory) -> FaultStack:
         "DIFFQ_UPLOAD_BACKOFF": "0.5",
         "DIFFQ_UPLOAD_BACKOFF_MAX": "4",
         "DIFFQ_DB_RETRY": "60",
+        "DIFFQ_WORKER_METRICS_PORT": "0",  # tests that read worker metrics pick a port
         # Two CPU workers share two cores: spinning OpenMP threads would thrash.
         "OMP_NUM_THREADS": "1",
     }

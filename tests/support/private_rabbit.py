@@ -27,7 +27,7 @@ def _tool(name: str) -> str:
 
 
 class PrivateRabbitMQ:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, management: bool = False) -> None:
         self.workdir = workdir
         self.node = f"diffqf{uuid.uuid4().hex[:6]}@localhost"
         self.port = free_port()
@@ -35,10 +35,16 @@ class PrivateRabbitMQ:
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}//"
         self.pid_file = workdir / "rabbit.pid"
         workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "enabled_plugins").write_text("[].\n")
-        (workdir / "rabbitmq.conf").write_text(
-            f"listeners.tcp.default = 127.0.0.1:{self.port}\nloopback_users.guest = true\n"
-        )
+        config = f"listeners.tcp.default = 127.0.0.1:{self.port}\nloopback_users.guest = true\n"
+        self.management_port = free_port() if management else None
+        if management:
+            (workdir / "enabled_plugins").write_text("[rabbitmq_management].\n")
+            config += f"management.tcp.port = {self.management_port}\n"
+            config += "management.tcp.ip = 127.0.0.1\n"
+            self.management_url = f"http://guest:guest@127.0.0.1:{self.management_port}/api/"
+        else:
+            (workdir / "enabled_plugins").write_text("[].\n")
+        (workdir / "rabbitmq.conf").write_text(config)
         self.env = {
             **os.environ,
             "HOME": os.environ.get("HOME", "/root"),
@@ -73,6 +79,8 @@ class PrivateRabbitMQ:
             timeout=60,
         )
         wait_for_port(self.port, timeout=timeout)
+        if self.management_port:
+            wait_for_port(self.management_port, timeout=timeout)
         deadline = time.monotonic() + timeout
         while self._ctl("await_startup", timeout=timeout).returncode != 0:
             if time.monotonic() > deadline:

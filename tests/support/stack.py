@@ -125,6 +125,7 @@ def start_stack(workdir: Path, extra_env: dict[str, str] | None = None) -> Stack
         "DIFFQ_UPLOAD_BACKOFF_MAX": "0.5",
         "DIFFQ_LOG_LEVEL": "INFO",
         "DIFFQ_SSE_KEEPALIVE": "1",
+        "DIFFQ_WORKER_METRICS_PORT": "0",  # tests that read worker metrics pick a port
         **s3.env(bucket),
         **(extra_env or {}),
     }

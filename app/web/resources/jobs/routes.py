@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from app.jobs import service, transitions
 from app.jobs.queue_info import queue_info
 from app.jobs.states import ErrorCode, JobStatus, Priority
+from app.metrics.instruments import JOBS_SUBMITTED
 from app.publish import publish_and_mark
 from app.web.auth import current_tenant, require_api_key
 from app.web.resources.jobs.presenter import decode_cursor, encode_cursor, job_view
@@ -110,6 +111,7 @@ class Jobs(MethodView):
             return _replay(existing, body_hash, key)
         # Committed first: a publish that fails leaves a durable row for the relay.
         publish_and_mark(svc.db, svc.publisher, job)
+        JOBS_SUBMITTED.labels(job.model).inc()
         view = _view(job)
         return view, 202, {"Location": view["urls"]["self"]}
 

@@ -1,0 +1,95 @@
+"""Logging for every diffq process: text or JSON lines (DIFFQ_LOG_FORMAT), and the job a
+line is about (`job_id`, `tenant`, `attempt`) added to every line logged while a worker
+runs that job, so that one grep or one log query follows a job through its attempts."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any
+
+from app.jobs.payload import GENERATE_TASK
+
+JOB_FIELDS = ("job_id", "tenant", "attempt")
+_job: ContextVar[dict[str, Any] | None] = ContextVar("diffq_job", default=None)
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+@contextmanager
+def job_context(**fields: Any) -> Iterator[None]:
+    """Every record logged inside carries these fields (unless it sets its own)."""
+    token = _job.set({k: str(v) for k, v in fields.items() if v is not None})
+    try:
+        yield
+    finally:
+        _job.reset(token)
+
+
+class JobContextFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in (_job.get() or {}).items():
+            if not hasattr(record, name):
+                setattr(record, name, value)
+        # Celery's own lines about a task ("received", "succeeded in") carry its id, which
+        # is the job id: name it so, without logging the task's arguments.
+        args = record.args
+        if (
+            not hasattr(record, "job_id")
+            and isinstance(args, dict)
+            and args.get("name") == GENERATE_TASK
+            and args.get("id")
+        ):
+            record.job_id = str(args["id"])
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, process, message, job fields,
+    Celery's task id and name where present, and the exception if any."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "process": record.processName,
+            "pid": record.process,
+            "message": record.getMessage(),
+        }
+        for name in (*JOB_FIELDS, "task_id", "task_name"):
+            value = getattr(record, name, None)
+            if value not in (None, "", "???"):
+                line[name] = value
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def formatter(log_format: str) -> logging.Formatter:
+    return JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+
+
+def apply(logger: logging.Logger, log_format: str, *, keep_text: bool = False) -> None:
+    """Give `logger`'s handlers the job filter, and the JSON format when asked (with
+    `keep_text`, a text formatter already there, such as Celery's, is left alone)."""
+    for handler in logger.handlers:
+        if not any(isinstance(f, JobContextFilter) for f in handler.filters):
+            handler.addFilter(JobContextFilter())
+        if log_format == "json" or not keep_text:
+            handler.setFormatter(formatter(log_format))
+
+
+def configure(level: str, log_format: str) -> None:
+    """The root logger of a diffq process that is not a Celery worker (a host that
+    configured logging already, such as a test runner, keeps its handlers)."""
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(formatter(log_format))
+        handler.addFilter(JobContextFilter())
+        root.addHandler(handler)
+    root.setLevel(level)

@@ -1,0 +1,53 @@
+"""Every instrument diffq records to, by the process that records it.
+
+Label values are bounded: routes are URL rules (not paths), models and queues come from
+the catalog, error codes from app.jobs.states.ErrorCode.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+GENERATION_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
+
+# --- API (gunicorn processes) ------------------------------------------------------
+HTTP_REQUESTS = Counter(
+    "diffq_http_requests",
+    "HTTP requests answered, by route (URL rule), method and status code",
+    ["route", "method", "status"],
+)
+HTTP_DURATION = Histogram(
+    "diffq_http_request_duration_seconds",
+    "Time to answer an HTTP request (event streams: time to the first byte)",
+    ["route", "method"],
+    buckets=LATENCY_BUCKETS,
+)
+JOBS_SUBMITTED = Counter(
+    "diffq_jobs_submitted", "Jobs accepted by POST /v1/jobs (202), by model", ["model"]
+)
+
+# --- Workers (Celery pool children and their main process) -------------------------
+JOBS_FINISHED = Counter(
+    "diffq_jobs_finished",
+    "Jobs a worker brought to a terminal state, by model, status and error code",
+    ["model", "status", "error_code"],
+)
+GENERATION_DURATION = Histogram(
+    "diffq_generation_duration_seconds",
+    "Denoising and decoding time of a succeeded job, by model and step count",
+    ["model", "steps"],
+    buckets=GENERATION_BUCKETS,
+)
+STEP_DURATION = Histogram(
+    "diffq_step_duration_seconds",
+    "Mean time of one denoising step in a job, by model",
+    ["model"],
+    buckets=STEP_BUCKETS,
+)
+WORKER_BUSY = Counter(
+    "diffq_worker_busy_seconds",
+    "Seconds a worker spent holding a job; its rate is the worker's busy fraction",
+    ["worker"],
+)

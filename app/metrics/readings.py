@@ -1,0 +1,120 @@
+"""Gauges read at scrape time from the sources of truth: PostgreSQL for jobs, RabbitMQ
+for messages, DLQs and consumers. Broker readings are cached briefly so that several
+scrapers (or a dashboard refresh) do not each open a connection."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+
+from prometheus_client.core import GaugeMetricFamily
+from sqlalchemy import func, select
+
+from app.db.models import Job
+from app.db.session import Database
+from app.db.types import utcnow
+from app.jobs.states import JobStatus
+from app.queues import dead_letter_queue_name
+
+log = logging.getLogger(__name__)
+
+
+def job_gauges(db: Database, queues: Iterable[str]) -> list[GaugeMetricFamily]:
+    depth = GaugeMetricFamily(
+        "diffq_queue_depth", "Jobs queued and not yet started, by queue", labels=["queue"]
+    )
+    oldest = GaugeMetricFamily(
+        "diffq_queue_oldest_age_seconds",
+        "Age of the oldest queued job, by queue (0 when none waits)",
+        labels=["queue"],
+    )
+    running = GaugeMetricFamily(
+        "diffq_jobs_in_flight", "Jobs running on a worker now, by queue", labels=["queue"]
+    )
+    seen: dict[tuple[str, JobStatus], tuple[int, object]] = {}
+    with db.session() as session:
+        rows = session.execute(
+            select(Job.queue, Job.status, func.count(), func.min(Job.created_at))
+            .where(Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
+            .group_by(Job.queue, Job.status)
+        )
+        for queue, status, count, first in rows:
+            seen[(queue, status)] = (count, first)
+    now = utcnow()
+    for queue in sorted(set(queues) | {q for q, _ in seen}):
+        count, first = seen.get((queue, JobStatus.QUEUED), (0, None))
+        depth.add_metric([queue], count)
+        age = (now - _aware(first)).total_seconds() if first is not None else 0.0
+        oldest.add_metric([queue], max(0.0, age))
+        running.add_metric([queue], seen.get((queue, JobStatus.RUNNING), (0, None))[0])
+    return [depth, oldest, running]
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+class BrokerReadings:
+    """Ready messages and consumers of each work queue and its DLQ (passive declares)."""
+
+    def __init__(self, connect: Callable, queues: Iterable[str], ttl: float = 5.0) -> None:
+        self._connect = connect
+        self._queues = list(queues)
+        self._ttl = ttl
+        self._lock = threading.Lock()
+        self._at = 0.0
+        self._cached: list[GaugeMetricFamily] = []
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        with self._lock:
+            if time.monotonic() - self._at > self._ttl:
+                self._cached = self._read()
+                self._at = time.monotonic()
+            return self._cached
+
+    def _read(self) -> list[GaugeMetricFamily]:
+        up = GaugeMetricFamily("diffq_broker_up", "1 if RabbitMQ answered the last scrape")
+        messages = GaugeMetricFamily(
+            "diffq_broker_queue_messages", "Ready messages in a work queue", labels=["queue"]
+        )
+        consumers = GaugeMetricFamily(
+            "diffq_queue_consumers", "Workers consuming from a work queue", labels=["queue"]
+        )
+        dlq = GaugeMetricFamily(
+            "diffq_dlq_depth", "Messages in a work queue's dead-letter queue", labels=["queue"]
+        )
+        try:
+            with self._connect() as conn:
+                conn.ensure_connection(max_retries=1, timeout=2)
+                channel = conn.channel()
+                for queue in self._queues:
+                    ok = channel.queue_declare(queue, passive=True)
+                    messages.add_metric([queue], ok.message_count)
+                    consumers.add_metric([queue], ok.consumer_count)
+                    dead = channel.queue_declare(dead_letter_queue_name(queue), passive=True)
+                    dlq.add_metric([queue], dead.message_count)
+                channel.close()
+        except Exception as exc:  # noqa: BLE001 - a scrape reports, it does not raise
+            log.warning("broker readings unavailable: %s: %s", type(exc).__name__, exc)
+            up.add_metric([], 0)
+            return [up]
+        up.add_metric([], 1)
+        return [up, messages, consumers, dlq]
+
+
+class ServiceCollector:
+    """A prometheus_client collector for the API's /metrics."""
+
+    def __init__(self, db: Database, queues: list[str], broker: BrokerReadings | None) -> None:
+        self.db, self.queues, self.broker = db, queues, broker
+
+    def collect(self):
+        try:
+            yield from job_gauges(self.db, self.queues)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("job readings unavailable: %s: %s", type(exc).__name__, exc)
+        if self.broker is not None:
+            yield from self.broker.collect()

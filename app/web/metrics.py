@@ -1,0 +1,57 @@
+"""GET /metrics for Prometheus, and the request instruments every route records to.
+
+Safe under gunicorn with several processes: `diffq api` gives the process tree one
+multiprocess directory (app.metrics.multiproc), and each scrape sums every process's
+files, then adds gauges read from PostgreSQL and RabbitMQ at that moment.
+"""
+
+from __future__ import annotations
+
+import time
+
+from flask import Flask, Response, g, request
+
+from app.metrics import multiproc
+from app.metrics.readings import BrokerReadings, ServiceCollector
+from app.web.services import Services
+
+
+def install(app: Flask, svc: Services) -> None:
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    from app.metrics.instruments import HTTP_DURATION, HTTP_REQUESTS
+
+    broker = None
+    if not svc.settings.embedded:
+        broker = BrokerReadings(svc.publisher.celery.connection_for_read, svc.catalog.queues)
+    readings = ServiceCollector(svc.db, svc.catalog.queues, broker)
+
+    @app.before_request
+    def _start_timer() -> None:
+        g.request_started = time.perf_counter()
+
+    @app.after_request
+    def _count(response: Response) -> Response:
+        started = g.pop("request_started", None)
+        route = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        if route != "/metrics":
+            HTTP_REQUESTS.labels(route, request.method, str(response.status_code)).inc()
+            if started is not None:
+                HTTP_DURATION.labels(route, request.method).observe(time.perf_counter() - started)
+        return response
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        body = generate_latest(multiproc.registry())
+        body += generate_latest(_Once(readings))
+        return Response(body, content_type=CONTENT_TYPE_LATEST)
+
+
+class _Once:
+    """A registry-like wrapper so generate_latest renders one collector."""
+
+    def __init__(self, collector) -> None:
+        self._collector = collector
+
+    def collect(self):
+        return self._collector.collect()
