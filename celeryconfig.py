@@ -2,7 +2,7 @@
 
 from app.catalog import load_catalog
 from app.config import load_settings
-from app.queues import work_queue
+from app.queues import WEBHOOK_QUEUE, work_queue
 
 _settings = load_settings()
 _catalog = load_catalog(_settings)
@@ -31,7 +31,7 @@ task_ignore_result = True
 result_backend = None
 
 # --- Queues: one durable queue per model pool, each with its dead-letter queue ------
-task_queues = [work_queue(name) for name in _catalog.queues]
+task_queues = [work_queue(name) for name in [*_catalog.queues, WEBHOOK_QUEUE]]
 task_default_queue = _catalog.get(None).queue
 task_create_missing_queues = False
 

@@ -22,6 +22,23 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
 
 
+# Standard Webhooks' schedule: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h (~27.6 h in all).
+WEBHOOK_SCHEDULE = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
+
+
+def _floats(env: Mapping[str, str], name: str, default: tuple[float, ...]) -> tuple[float, ...]:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        values = tuple(float(part) for part in raw.split(","))
+    except ValueError as exc:
+        raise ValueError(f"{name} must be comma-separated seconds, got {raw!r}") from exc
+    if any(v < 0 for v in values):
+        raise ValueError(f"{name} must not be negative, got {raw!r}")
+    return values
+
+
 def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
     raw = (env.get(name) or choices[0]).strip().lower()
     if raw not in choices:
@@ -84,6 +101,13 @@ class Settings:
     worker_metrics_host: str
     rabbitmq_api_url: str | None  # RabbitMQ's management API, for Flower's broker tab
     flower_auth: str | None  # user:password for Flower's basic authentication
+    public_url: str  # the API's external base URL, for links in webhook bodies
+    webhook_schedule: tuple[float, ...]  # seconds before each retry of a webhook
+    webhook_timeout: float  # seconds per delivery attempt (connect, then read)
+    webhook_allow_cidrs: str | None  # private ranges webhooks may reach anyway
+    rate_limit: int  # requests a minute per API key; 0: none
+    max_queued: int  # queued jobs per tenant; 0: no cap
+    result_retention: float  # seconds a succeeded job's images are kept; 0: forever
 
     @property
     def embedded(self) -> bool:
@@ -158,4 +182,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         worker_metrics_host=env.get("DIFFQ_WORKER_METRICS_HOST") or "127.0.0.1",
         rabbitmq_api_url=env.get("DIFFQ_RABBITMQ_API_URL") or None,
         flower_auth=env.get("DIFFQ_FLOWER_AUTH") or None,
+        public_url=env.get("DIFFQ_PUBLIC_URL")
+        or f"http://{env.get('DIFFQ_API_BIND') or '127.0.0.1:8000'}",
+        webhook_schedule=_floats(env, "DIFFQ_WEBHOOK_SCHEDULE", WEBHOOK_SCHEDULE),
+        webhook_timeout=_float(env, "DIFFQ_WEBHOOK_TIMEOUT", 10.0),
+        webhook_allow_cidrs=env.get("DIFFQ_WEBHOOK_ALLOW_CIDRS") or None,
+        rate_limit=_int(env, "DIFFQ_RATE_LIMIT", 600),
+        max_queued=_int(env, "DIFFQ_MAX_QUEUED", 1000),
+        result_retention=_float(env, "DIFFQ_RESULT_RETENTION", 30 * 86400.0),
     )

@@ -74,3 +74,17 @@ def authenticate(session: Session, presented: str) -> uuid.UUID | None:
     if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
         row.last_used_at = now  # left for the caller's commit (session.dirty says so)
     return row.tenant_id
+
+
+def revoke_key(session: Session, key_id: str) -> bool:
+    """Revoke at once: the next request with the key is a 401 (nothing is cached)."""
+    row = session.scalar(select(ApiKey).where(ApiKey.key_id == key_id))
+    if row is None or row.revoked_at is not None:
+        return False
+    row.revoked_at = utcnow()
+    return True
+
+
+def key_id_of(presented: str) -> str | None:
+    match = _KEY_RE.match(presented)
+    return match.group(1) if match else None

@@ -9,8 +9,8 @@ from app.catalog import Catalog
 from app.db.models import Job
 from app.db.session import Database
 from app.jobs import service
-from app.jobs.payload import GENERATE_TASK, build_payload
-from app.queues import declare_topology
+from app.jobs.payload import DELIVER_WEBHOOK_TASK, GENERATE_TASK, build_payload
+from app.queues import WEBHOOK_QUEUE, declare_topology
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,29 @@ class Publisher:
             return
         with self.celery.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=self.timeout)
-            declare_topology(conn, self.catalog.queues)
+            declare_topology(conn, [*self.catalog.queues, WEBHOOK_QUEUE])
         self._declared = True
+
+    def publish_webhook(self, event_id) -> bool:
+        """Ask a delivery worker to attempt one webhook event; False if the broker did
+        not take it (the event stays due, and the relay hands it out again)."""
+        if time.monotonic() < self._paused_until:
+            return False
+        try:
+            self._ensure_topology()
+            self.celery.send_task(
+                DELIVER_WEBHOOK_TASK,
+                args=[str(event_id)],
+                queue=WEBHOOK_QUEUE,
+                timeout=self.timeout,
+                confirm_timeout=self.timeout,
+            )
+        except Exception as exc:  # noqa: BLE001
+            log.warning("webhook dispatch failed (%s: %s)", type(exc).__name__, exc)
+            self._declared = False
+            self._paused_until = time.monotonic() + self.pause_after_failure
+            return False
+        return True
 
     def publish(self, job: Job) -> bool:
         """Send the job's message and wait for the broker's confirm; False if it failed.

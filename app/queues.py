@@ -10,6 +10,8 @@ from app.jobs.states import MAX_AMQP_PRIORITY
 
 JOBS_EXCHANGE = Exchange("diffq.jobs", type="direct", durable=True)
 DEAD_LETTER_EXCHANGE = Exchange("diffq.dlx", type="direct", durable=True)
+# Webhook deliveries: consumed by CPU workers (`diffq webhooks`), never by a GPU worker.
+WEBHOOK_QUEUE = "webhooks"
 
 
 def dead_letter_queue_name(queue: str) -> str:

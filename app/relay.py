@@ -11,7 +11,11 @@ from app.db.session import Database
 from app.db.types import utcnow
 from app.jobs import service, transitions
 from app.jobs.states import JobStatus
+from app.limits import forget_old_windows
 from app.publish import Publisher, publish_and_mark
+from app.retention import remove_expired_results
+from app.storage import Storage
+from app.webhooks import events as webhook_events
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +29,19 @@ class RelayReport:
     expired: int = 0
     promoted: int = 0
     reaped: int = 0
+    webhooks: int = 0
+
+
+def dispatch_webhooks(db: Database, publisher: Publisher, *, lease_seconds: float) -> int:
+    """Hand due webhook events to the delivery workers (the `webhooks` queue). An event
+    whose worker vanished is handed out again once its lease ends; a receiver sees it
+    at least once, always with the same webhook-id."""
+    with db.session() as session:
+        due = webhook_events.due(session, lease_seconds=lease_seconds)
+    sent = sum(publisher.publish_webhook(event_id) for event_id in due)
+    if sent:
+        log.info("dispatched %d webhook event(s)", sent)
+    return sent
 
 
 def publish_unpublished(db: Database, publisher: Publisher, *, older_than_seconds: float) -> int:
@@ -120,12 +137,25 @@ def reap_lost_jobs(db: Database, *, max_attempts: int) -> int:
 
 
 def relay_pass(
-    db: Database, publisher: Publisher, *, relay_after: float, aging: float, max_attempts: int
+    db: Database,
+    publisher: Publisher,
+    *,
+    relay_after: float,
+    aging: float,
+    max_attempts: int,
+    webhook_lease: float = 60.0,
+    storage: Storage | None = None,
+    retention: float = 0.0,
 ) -> RelayReport:
     reaped = reap_lost_jobs(db, max_attempts=max_attempts)
+    with db.session() as session:
+        forget_old_windows(session)
+    if storage is not None:
+        remove_expired_results(db, storage, retention_seconds=retention)
     return RelayReport(
         published=publish_unpublished(db, publisher, older_than_seconds=relay_after),
         expired=cancel_expired(db),
         promoted=promote_starving(db, publisher, aging_seconds=aging),
         reaped=reaped,
+        webhooks=dispatch_webhooks(db, publisher, lease_seconds=webhook_lease),
     )

@@ -11,7 +11,7 @@ def create_celery(**overrides) -> Celery:
     """The app configured by celeryconfig.py (or the module DIFFQ_CELERY_CONFIG names);
     `overrides` replace settings (tests, tools)."""
     # Task modules are listed, not imported: only a worker imports them (and torch).
-    app = Celery("diffq", include=["tasks.generate", "tasks.worker_boot"])
+    app = Celery("diffq", include=["tasks.generate", "tasks.webhooks", "tasks.worker_boot"])
     app.config_from_object(load_settings().celery_config)
     app.conf.update(overrides)
     return app

@@ -15,7 +15,7 @@ from celery.exceptions import WorkerShutdown
 from app import logs
 from app.catalog import load_catalog
 from app.config import load_settings
-from app.queues import declare_topology
+from app.queues import WEBHOOK_QUEUE, declare_topology
 from workers import metrics as worker_metrics
 
 log = logging.getLogger(__name__)
@@ -45,13 +45,23 @@ def check_and_declare(sender=None, **_kwargs) -> None:
     """Runs in the worker's main process before any pool child exists."""
     global _controller
     _controller = sender
+    settings = load_settings()
+    worker_metrics.prepare(settings, sender.hostname)  # before anything imports the client
+    queues = _consumed_queues(sender.app.amqp.queues.consume_from.values())
+    if WEBHOOK_QUEUE in queues:
+        if queues != [WEBHOOK_QUEUE]:
+            raise WorkerShutdown("webhooks are delivered by their own workers (`diffq webhooks`)")
+        if not settings.embedded:
+            with sender.app.connection_for_write() as conn:
+                declare_topology(conn, queues)
+        os.environ["DIFFQ_WORKER_QUEUES"] = WEBHOOK_QUEUE
+        worker_metrics.serve(settings)
+        log.info("worker delivers webhooks from queue %s", WEBHOOK_QUEUE)
+        return
     from workers.pipelines import ModelLoadError, check_model_dir, preimport_components
     from workers.runtime import served_models
 
-    settings = load_settings()
-    worker_metrics.prepare(settings, sender.hostname)  # before anything imports the client
     catalog = load_catalog(settings)
-    queues = _consumed_queues(sender.app.amqp.queues.consume_from.values())
     names = served_models(catalog, queues)
     if not names:
         raise WorkerShutdown(f"no configured model uses the queues {queues}")
@@ -106,6 +116,8 @@ def load_models(**_kwargs) -> None:
     from workers.runtime import build_runtime
 
     queues = [q for q in os.environ.get("DIFFQ_WORKER_QUEUES", "").split(",") if q]
+    if queues == [WEBHOOK_QUEUE]:
+        return  # a delivery worker loads no model
     try:
         _runtime = build_runtime(load_settings(), queues)
         signal.signal(HAND_BACK_SIGNAL, lambda *_: _runtime.request_hand_back())

@@ -19,6 +19,22 @@ def register(commands) -> None:
     create.add_argument("--tenant", required=True, help="tenant name (created if new)")
     create.add_argument("--label", help="a note to recognise the key by")
     create.set_defaults(handler=keys_create)
+    listing = key_commands.add_parser("list", help="keys of a tenant (ids and labels, no secrets)")
+    listing.add_argument("--tenant", required=True)
+    listing.set_defaults(handler=keys_list)
+    revoke = key_commands.add_parser("revoke", help="revoke a key: it answers 401 at once")
+    revoke.add_argument("key_id", help="the id `keys list` shows (dq_<id>_…)")
+    revoke.set_defaults(handler=keys_revoke)
+
+    secret = commands.add_parser("webhook-secret", help="a tenant's webhook signing secret")
+    secret.add_argument("--tenant", required=True)
+    secret.add_argument(
+        "--rotate",
+        action="store_true",
+        help="make a new secret; the old one keeps signing too for --overlap seconds",
+    )
+    secret.add_argument("--overlap", type=float, default=86400.0, help="default %(default)s")
+    secret.set_defaults(handler=webhook_secret)
 
     model = commands.add_parser("model", help="model directories")
     model_commands = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
@@ -49,6 +65,70 @@ def keys_create(args: argparse.Namespace) -> int:
         key = create_key(session, tenant, args.label)
     db.dispose()
     print(key)
+    return 0
+
+
+def _tenant(session, name: str):
+    from sqlalchemy import select
+
+    from app.db.models import Tenant
+
+    tenant = session.scalar(select(Tenant).where(Tenant.name == name))
+    if tenant is None:
+        raise ValueError(f"no tenant named {name!r}")
+    return tenant
+
+
+def keys_list(args: argparse.Namespace) -> int:
+    from app.db.session import Database
+
+    db = Database(load_settings().database_url, pool_size=1)
+    with db.session() as session:
+        keys = sorted(_tenant(session, args.tenant).keys, key=lambda k: k.created_at)
+        print(f"{'KEY ID':<14}  {'CREATED':<20}  {'LAST USED':<20}  {'STATE':<8}  LABEL")
+        for key in keys:
+            used = key.last_used_at.strftime("%Y-%m-%d %H:%M:%S") if key.last_used_at else "-"
+            state = "revoked" if key.revoked_at else "active"
+            created = key.created_at.strftime("%Y-%m-%d %H:%M:%S")
+            print(f"{key.key_id:<14}  {created:<20}  {used:<20}  {state:<8}  {key.label or ''}")
+    db.dispose()
+    return 0
+
+
+def keys_revoke(args: argparse.Namespace) -> int:
+    from app.db.session import Database
+    from app.keys import revoke_key
+
+    key_id = args.key_id.removeprefix("dq_").split("_", 1)[0]
+    db = Database(load_settings().database_url, pool_size=1)
+    with db.session() as session:
+        revoked = revoke_key(session, key_id)
+    db.dispose()
+    if not revoked:
+        raise ValueError(f"no active key {key_id!r}")
+    print(f"key {key_id} revoked")
+    return 0
+
+
+def webhook_secret(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    from app.db.models import new_webhook_secret
+    from app.db.session import Database
+    from app.db.types import utcnow
+
+    db = Database(load_settings().database_url, pool_size=1)
+    with db.session() as session:
+        tenant = _tenant(session, args.tenant)
+        if tenant.webhook_secret is None:
+            tenant.webhook_secret = new_webhook_secret()
+        if args.rotate:
+            tenant.webhook_secret_previous = tenant.webhook_secret
+            tenant.webhook_secret_previous_until = utcnow() + timedelta(seconds=args.overlap)
+            tenant.webhook_secret = new_webhook_secret()
+        secret = tenant.webhook_secret
+    db.dispose()
+    print(secret)
     return 0
 
 

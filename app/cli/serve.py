@@ -10,6 +10,7 @@ import sys
 import threading
 
 from app.config import load_settings
+from app.queues import WEBHOOK_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,17 @@ def register(commands) -> None:
     )
     relay.add_argument("--interval", type=float, default=2.0, help="seconds between scans")
     relay.set_defaults(handler=run_relay)
+
+    hooks = commands.add_parser(
+        "webhooks", help="deliver webhooks: a CPU worker on the webhooks queue (no GPU, no model)"
+    )
+    hooks.add_argument("--concurrency", type=int, default=16, help="deliveries at once (threads)")
+    hooks.add_argument("--name", default="webhooks", help="node name prefix (default webhooks)")
+    hooks.add_argument(
+        "--metrics-port", type=int, default=9807, help="its /metrics port (0: off; default 9807)"
+    )
+    hooks.add_argument("--loglevel", default="info")
+    hooks.set_defaults(handler=run_webhooks)
 
     flower = commands.add_parser(
         "flower", help="Flower, Celery's dashboard, on our app, with authentication on"
@@ -128,12 +140,14 @@ def relay_loop(stop: threading.Event, interval: float) -> None:
     from app.db.session import Database
     from app.publish import Publisher
     from app.relay import relay_pass
+    from app.storage import open_storage
 
     settings = load_settings()
     db = Database(settings.database_url, pool_size=1)
     publisher = Publisher(
         load_catalog(settings), embedded=settings.embedded, timeout=settings.publish_timeout
     )
+    storage = open_storage(settings)
     while not stop.is_set():
         try:
             relay_pass(
@@ -142,6 +156,9 @@ def relay_loop(stop: threading.Event, interval: float) -> None:
                 relay_after=settings.relay_after,
                 aging=settings.priority_aging,
                 max_attempts=settings.max_attempts,
+                webhook_lease=settings.webhook_timeout * 2 + 30,
+                storage=storage,
+                retention=settings.result_retention,
             )
         except Exception:
             log.exception("relay pass failed; retrying")
@@ -155,6 +172,38 @@ def run_relay(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stop.set())
     relay_loop(stop, args.interval)
     return 0
+
+
+def webhooks_command(concurrency: int, name: str, loglevel: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tasks",
+        "worker",
+        f"--queues={WEBHOOK_QUEUE}",
+        "--pool=threads",
+        f"--concurrency={concurrency}",
+        f"--hostname={name}@%h",
+        f"--loglevel={loglevel}",
+        "--without-mingle",
+        "--without-gossip",
+    ]
+
+
+def run_webhooks(args: argparse.Namespace) -> int:
+    from app.metrics import multiproc
+    from workers import metrics as worker_metrics
+
+    settings = load_settings()
+    env = dict(os.environ, DIFFQ_WORKER_METRICS_PORT=str(max(0, args.metrics_port)))
+    if args.metrics_port > 0:
+        folder = multiproc.use_directory(worker_metrics.directory(settings, args.name))
+        env[multiproc.ENV] = str(folder)
+    command = webhooks_command(args.concurrency, args.name, args.loglevel)
+    os.execve(command[0], command, env)
+    return 1  # not reached
 
 
 def management_api_url(broker_url: str) -> str:

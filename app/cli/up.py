@@ -96,6 +96,9 @@ def run_embedded(bind: str | None) -> int:
     threading.Thread(
         target=_echo_and_watch, args=(worker.stdout, "warmed up in", worker_ready), daemon=True
     ).start()
+    group.start(
+        [sys.executable, "-m", "app.cli", "webhooks", "--concurrency", "4", "--metrics-port", "0"]
+    )
     prepare_api_metrics(bind)
     group.start(gunicorn_command(bind, workers=1, threads=64))
     children = group.children

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import secrets
 import uuid
 from datetime import datetime
 from enum import StrEnum
@@ -14,6 +16,10 @@ from app.db.base import Base
 from app.db.types import JSONType, UTCDateTime, utcnow
 from app.ids import uuid7
 from app.jobs.states import JobStatus, Priority
+
+
+def new_webhook_secret() -> str:
+    return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
 
 
 def _enum(cls: type[StrEnum], name: str) -> Enum:
@@ -35,6 +41,11 @@ class Tenant(Base):
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid7)
     name: Mapped[str] = mapped_column(String(100), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Standard Webhooks signing secret ("whsec_<base64>"); after a rotation the previous
+    # one keeps signing too until `webhook_secret_previous_until`.
+    webhook_secret: Mapped[str | None] = mapped_column(String(80), default=new_webhook_secret)
+    webhook_secret_previous: Mapped[str | None] = mapped_column(String(80))
+    webhook_secret_previous_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant")
 
@@ -89,6 +100,13 @@ class Job(Base):
         ),
         # One job per (tenant, Idempotency-Key).
         Index("uq_jobs_tenant_id_idempotency_key", "tenant_id", "idempotency_key", unique=True),
+        # The relay's scan for results past their retention.
+        Index(
+            "ix_jobs_retention",
+            "finished_at",
+            postgresql_where=text("status = 'succeeded' AND data_removed_at IS NULL"),
+            sqlite_where=text("status = 'succeeded' AND data_removed_at IS NULL"),
+        ),
         # The relay's scan for rows whose publish did not happen.
         Index(
             "ix_jobs_unpublished",
@@ -136,3 +154,64 @@ class Job(Base):
     # Who runs it and until when that claim holds without renewal.
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Where to POST events about this job, and which ("job.succeeded", …).
+    webhook_url: Mapped[str | None] = mapped_column(Text)
+    webhook_events: Mapped[list[str] | None] = mapped_column(JSONType)
+    # Past the retention period the images are deleted and the result cleared.
+    data_removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class WebhookEvent(Base):
+    """One event for one job's webhook: the delivery outbox. Its id is the stable
+    `webhook-id` of every attempt to deliver it."""
+
+    __tablename__ = "webhook_events"
+    __table_args__ = (
+        Index(
+            "ix_webhook_events_due",
+            "next_attempt_at",
+            postgresql_where=text("state = 'pending'"),
+            sqlite_where=text("state = 'pending'"),
+        ),
+        Index("ix_webhook_events_job_id_created_at", "job_id", "created_at"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid7)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    type: Mapped[str] = mapped_column(String(40))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # The body, frozen at the first attempt so that every retry sends the same bytes.
+    payload: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    # pending -> delivered | failed (schedule exhausted) | gone (receiver answered 410)
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Handed to a delivery worker until then; past it, the relay hands it out again.
+    dispatched_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class WebhookAttempt(Base):
+    """One HTTP attempt to deliver an event, as it went."""
+
+    __tablename__ = "webhook_attempts"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid7)
+    event_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("webhook_events.id", ondelete="CASCADE"), index=True
+    )
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    latency_ms: Mapped[int | None] = mapped_column(Integer)
+    # Why it did not count as delivered (refused address, timeout, status, redirect).
+    error: Mapped[str | None] = mapped_column(String(300))
+
+
+class RequestCount(Base):
+    """Requests per API key per fixed window: a rate limit every API process shares."""
+
+    __tablename__ = "request_counts"
+
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    window_start: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    count: Mapped[int] = mapped_column(Integer, default=0)

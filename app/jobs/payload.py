@@ -10,6 +10,7 @@ from app.db.models import Job
 
 PAYLOAD_VERSION = 1
 GENERATE_TASK = "diffq.generate"
+DELIVER_WEBHOOK_TASK = "diffq.deliver_webhook"  # args: [event id]
 
 
 class InvalidPayload(ValueError):

@@ -27,6 +27,8 @@ def create_job(
     deadline_seconds: int | None = None,
     idempotency_key: str | None = None,
     request_hash: str | None = None,
+    webhook_url: str | None = None,
+    webhook_events: list[str] | None = None,
 ) -> Job:
     now = utcnow()
     job = Job(
@@ -45,6 +47,8 @@ def create_job(
         deadline_at=now + timedelta(seconds=deadline_seconds) if deadline_seconds else None,
         idempotency_key=idempotency_key,
         request_hash=request_hash,
+        webhook_url=webhook_url,
+        webhook_events=webhook_events,
     )
     session.add(job)
     session.flush()

@@ -18,6 +18,7 @@ from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs.notify import CANCEL_CHANNEL, JOB_CHANNEL, job_changed_payload, notify
 from app.jobs.states import ErrorCode, JobStatus
+from app.webhooks import events as webhooks
 
 
 def relaxed_commit(session: Session) -> None:
@@ -36,16 +37,27 @@ def progress_of(stage: str, step: int = 0, total_steps: int = 0) -> dict[str, An
 
 def change(session: Session, job_id: uuid.UUID, *conditions: ColumnElement, **values) -> bool:
     """UPDATE the job if `conditions` hold; bump its version and notify. True if it changed."""
-    queue = session.execute(
+    row = session.execute(
         update(Job)
         .where(Job.id == job_id, *conditions)
         .values(version=Job.version + 1, updated_at=utcnow(), **values)
-        .returning(Job.queue)
-    ).scalar()
-    if queue is None:
+        .returning(Job.queue, Job.webhook_url, Job.webhook_events)
+    ).first()
+    if row is None:
         return False
+    queue, webhook_url, webhook_events = row
     moved = "status" in values or "publish_priority" in values
     notify(session, JOB_CHANNEL, job_changed_payload(job_id, queue, moved))
+    if webhook_url:
+        # The event commits with the change or not at all: none lost, none invented.
+        status = values.get("status")
+        webhooks.record(
+            session,
+            job_id,
+            status=status.value if isinstance(status, JobStatus) else None,
+            progressed="progress" in values,
+            webhook_events=webhook_events,
+        )
     return True
 
 

@@ -51,3 +51,16 @@ WORKER_BUSY = Counter(
     "Seconds a worker spent holding a job; its rate is the worker's busy fraction",
     ["worker"],
 )
+
+# --- Webhook delivery workers ----------------------------------------------------------
+WEBHOOK_DELIVERIES = Counter(
+    "diffq_webhook_deliveries",
+    "Webhook delivery attempts by outcome: delivered, retry, failed (schedule exhausted), "
+    "gone (410), refused (SSRF guard)",
+    ["outcome"],
+)
+WEBHOOK_LATENCY = Histogram(
+    "diffq_webhook_attempt_duration_seconds",
+    "Time of one delivery attempt, from resolving the host to the answer",
+    buckets=LATENCY_BUCKETS,
+)

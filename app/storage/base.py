@@ -31,3 +31,6 @@ class Storage(Protocol):
 
     def check(self) -> None:
         """Raise StorageError if the store cannot be reached."""
+
+    def delete(self, key: str) -> None:
+        """Remove an object; removing one that is gone is not an error."""

@@ -43,6 +43,12 @@ class LocalStorage:
         except OSError as exc:
             raise StorageError(f"put {key}: {exc}", transient=True) from exc
 
+    def delete(self, key: str) -> None:
+        try:
+            self.path(key).unlink(missing_ok=True)
+        except OSError as exc:
+            raise StorageError(f"delete {key}: {exc}", transient=True) from exc
+
     def url(self, key: str, ttl: int) -> str:
         """A path on the API (made absolute by the API), valid for `ttl` seconds."""
         expires = int(time.time()) + ttl

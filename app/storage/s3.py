@@ -89,6 +89,12 @@ class S3Storage:
         except (BotoCoreError, ClientError) as exc:
             raise _translate(exc, f"put {key}") from exc
 
+    def delete(self, key: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except (BotoCoreError, ClientError) as exc:
+            raise _translate(exc, f"delete {key}") from exc
+
     def url(self, key: str, ttl: int) -> str:
         return self.presigner.generate_presigned_url(
             "get_object", Params={"Bucket": self.bucket, "Key": self._key(key)}, ExpiresIn=ttl

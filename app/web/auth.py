@@ -7,8 +7,9 @@ import uuid
 from flask import g, request
 from flask_smorest import abort
 
-from app.keys import authenticate
-from app.web.services import request_session
+from app.keys import authenticate, key_id_of
+from app.limits import count_request
+from app.web.services import request_session, services
 
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="diffq"'}
 
@@ -27,6 +28,14 @@ def require_api_key() -> None:
         session.commit()  # last_used_at, at most once a minute per key
     if tenant_id is None:
         abort(401, message="Invalid or revoked API key.", headers=CHALLENGE)
+    limit = services().settings.rate_limit
+    verdict = count_request(session, key_id_of(presented.strip()) or "", limit)
+    if not verdict.allowed:
+        abort(
+            429,
+            message=f"Rate limit: {limit} requests a minute per API key.",
+            headers={"Retry-After": str(verdict.retry_after)},
+        )
     g.tenant_id = tenant_id
 
 

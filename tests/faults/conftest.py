@@ -174,6 +174,7 @@ def fault_stack(tmp_path_factory) -> FaultStack:
         "DIFFQ_UPLOAD_BACKOFF_MAX": "4",
         "DIFFQ_DB_RETRY": "60",
         "DIFFQ_WORKER_METRICS_PORT": "0",  # tests that read worker metrics pick a port
+        "DIFFQ_RATE_LIMIT": "0",  # tests poll hard; test_limits.py sets its own
         # Two CPU workers share two cores: spinning OpenMP threads would thrash.
         "OMP_NUM_THREADS": "1",
     }

@@ -94,3 +94,38 @@ def test_the_database_holds_no_usable_key(client, tenant_key, db):
     assert len(row.secret_hash) == 64
     # The stored hash presented as a key is worthless.
     assert client.get("/v1/jobs", headers=auth(row.secret_hash)).status_code == 401
+
+
+def _v1_routes(flask_app, job_id: str) -> list[tuple[str, str]]:
+    """Every /v1 route the app serves, as (method, path) with this job's id filled in."""
+    routes = []
+    for rule in flask_app.url_map.iter_rules():
+        if not rule.rule.startswith("/v1/jobs/<"):
+            continue
+        path = rule.rule.replace("<uuid:job_id>", job_id).replace("<int:index>", "0")
+        for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+            routes.append((method.lower(), path))
+    return routes
+
+
+def test_tenant_isolation_matrix_over_every_job_route(flask_app, client, tenant_key, other_key):
+    job = _submit(client, tenant_key)
+    routes = _v1_routes(flask_app, job["id"])
+    assert len(routes) >= 6  # get, cancel, events, images, webhooks, redeliver
+    matrix = {}
+    for method, path in routes:
+        foreign = getattr(client, method)(path, headers=auth(other_key))
+        anonymous = getattr(client, method)(path)
+        matrix[(method, path)] = (foreign.status_code, anonymous.status_code)
+    print(
+        "\n"
+        + "\n".join(
+            f"{m.upper():<5} {p:<70} other tenant {f}, no key {a}"
+            for (m, p), (f, a) in matrix.items()
+        )
+    )
+    assert all(f == 404 and a == 401 for f, a in matrix.values()), matrix
+    # And nothing the other tenant tried changed the job.
+    assert client.get(f"/v1/jobs/{job['id']}", headers=auth(tenant_key)).json["status"] != (
+        "canceled"
+    )

@@ -112,7 +112,9 @@ def start_worker(
 
 
 class ApiServer(ManagedProcess):
-    def __init__(self, env: dict[str, str], log_dir: Path, name: str = "api") -> None:
+    def __init__(
+        self, env: dict[str, str], log_dir: Path, name: str = "api", workers: int = 1
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [
@@ -123,7 +125,7 @@ class ApiServer(ManagedProcess):
             "--bind",
             f"127.0.0.1:{self.port}",
             "--workers",
-            "1",
+            str(workers),
             "--threads",
             "8",
         ]

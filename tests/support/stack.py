@@ -126,6 +126,7 @@ def start_stack(workdir: Path, extra_env: dict[str, str] | None = None) -> Stack
         "DIFFQ_LOG_LEVEL": "INFO",
         "DIFFQ_SSE_KEEPALIVE": "1",
         "DIFFQ_WORKER_METRICS_PORT": "0",  # tests that read worker metrics pick a port
+        "DIFFQ_RATE_LIMIT": "0",  # tests poll hard; test_limits.py sets its own
         **s3.env(bucket),
         **(extra_env or {}),
     }

@@ -13,6 +13,7 @@ from flask import request, url_for
 from app.db.models import Job
 from app.jobs.queue_info import QueueInfo
 from app.storage import Storage
+from app.webhooks.events import selected
 
 _CURSOR_PREFIX = "v1:"
 
@@ -74,4 +75,7 @@ def job_view(
             "events": url_for("job_events.JobEvents", job_id=job.id, _external=True),
         },
         "metadata": job.client_metadata,
+        "data_removed": job.data_removed_at is not None,
+        "webhook": job.webhook_url,
+        "webhook_events": list(selected(job.webhook_events)) if job.webhook_url else None,
     }

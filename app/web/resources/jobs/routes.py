@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from app.jobs import service, transitions
 from app.jobs.queue_info import queue_info
 from app.jobs.states import ErrorCode, JobStatus, Priority
+from app.limits import reserve_queued_slot
 from app.metrics.instruments import JOBS_SUBMITTED
 from app.publish import publish_and_mark
 from app.web.auth import current_tenant, require_api_key
@@ -69,6 +70,11 @@ class Jobs(MethodView):
     @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(409, description="Idempotency-Key reused with a different body.")
     @blp.alt_response(413, description="Body larger than DIFFQ_MAX_BODY_BYTES.")
+    @blp.alt_response(
+        429,
+        description="Over the key's request rate or the tenant's cap on queued jobs; "
+        "see Retry-After.",
+    )
     @blp.alt_response(503, description="The job could not be made durable.")
     def post(self, headers, request_data):
         """Submit a job
@@ -88,6 +94,13 @@ class Jobs(MethodView):
             existing = service.find_by_idempotency_key(session, tenant_id, key)
             if existing is not None:
                 return _replay(existing, body_hash, key)
+        quota = reserve_queued_slot(session, tenant_id, svc.settings.max_queued)
+        if not quota.allowed:
+            abort(
+                429,
+                message=f"Too many queued jobs: at most {svc.settings.max_queued} per tenant.",
+                headers={"Retry-After": str(quota.retry_after)},
+            )
         try:
             job = service.create_job(
                 session,
@@ -100,6 +113,8 @@ class Jobs(MethodView):
                 deadline_seconds=request_data["cancel_after"],
                 idempotency_key=key,
                 request_hash=body_hash,
+                webhook_url=request_data["webhook"],
+                webhook_events=request_data["webhook_events"],
             )
             session.commit()
         except IntegrityError:
@@ -187,6 +202,7 @@ class JobImage(MethodView):
     @blp.response(302, description="Redirect to a short-lived download URL.")
     @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such job or image, or the job has not succeeded.")
+    @blp.alt_response(410, description="The images were removed after the retention period.")
     def get(self, job_id: uuid.UUID, index: int):
         """Download an image
 
@@ -196,6 +212,8 @@ class JobImage(MethodView):
         job = service.get_job(request_session(), current_tenant(), job_id)
         if job is None:
             _not_found()
+        if job.data_removed_at is not None:
+            abort(410, message="The images were removed after the retention period.")
         images = (job.result or {}).get("images", [])
         if job.status != JobStatus.SUCCEEDED or not 0 <= index < len(images):
             abort(404, message="No such image.")

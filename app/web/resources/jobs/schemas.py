@@ -12,6 +12,8 @@ from marshmallow import fields, validate
 from app.catalog import ModelSpec
 from app.jobs.states import JobStatus, Priority
 from app.web.services import services
+from app.webhooks.events import EVENT_TYPES
+from app.webhooks.guard import MAX_URL_LENGTH, UnsafeUrl, check_url, parse_allow_list
 
 MAX_SEED = 2**32 - 1
 OUTPUT_FORMATS = ("png", "jpeg", "webp")
@@ -82,6 +84,34 @@ class JobCreateSchema(ma.Schema):
         },
     )
 
+    webhook = fields.String(
+        load_default=None,
+        metadata={
+            "description": "An https (or http) URL to POST this job's events to, signed per "
+            "Standard Webhooks with your tenant's secret. Only public addresses are called. "
+            f"At most {MAX_URL_LENGTH} characters."
+        },
+    )
+    webhook_events = fields.List(
+        fields.String(validate=validate.OneOf(EVENT_TYPES)),
+        load_default=None,
+        validate=validate.Length(min=1, max=len(EVENT_TYPES)),
+        metadata={
+            "description": "Which events to send: "
+            + ", ".join(EVENT_TYPES)
+            + " (job.progress: at most one a second). Default: the terminal ones."
+        },
+    )
+
+    @ma.validates("webhook")
+    def _webhook_url(self, value: str | None, **_kwargs) -> None:
+        if value is None:
+            return
+        try:
+            check_url(value, parse_allow_list(services().settings.webhook_allow_cidrs))
+        except UnsafeUrl as exc:
+            raise ma.ValidationError(f"Not allowed: {exc}.") from exc
+
     @ma.validates("metadata")
     def _metadata_size(self, value: dict | None, **_kwargs) -> None:
         if value is not None and len(json.dumps(value)) > METADATA_MAX_BYTES:
@@ -112,6 +142,8 @@ class JobCreateSchema(ma.Schema):
             "params": normalize(spec, data),
             "metadata": data.get("metadata"),
             "cancel_after": data.get("cancel_after"),
+            "webhook": data.get("webhook"),
+            "webhook_events": data.get("webhook_events"),
         }
 
 
@@ -283,6 +315,14 @@ class JobSchema(ma.Schema):
     metrics = fields.Nested(JobMetricsSchema)
     urls = fields.Nested(JobUrlsSchema)
     metadata = fields.Dict(allow_none=True)
+    data_removed = fields.Boolean(
+        metadata={
+            "description": "True once the images were deleted after the retention period "
+            "(DIFFQ_RESULT_RETENTION); `result` is then null."
+        }
+    )
+    webhook = fields.String(allow_none=True)
+    webhook_events = fields.List(fields.String(), allow_none=True)
 
 
 class JobPageSchema(ma.Schema):

@@ -1,0 +1,133 @@
+"""A job's webhook deliveries: every event and every attempt, and redelivery."""
+
+from __future__ import annotations
+
+import uuid
+
+import marshmallow as ma
+from flask.views import MethodView
+from flask_smorest import Blueprint, abort
+from marshmallow import fields
+from sqlalchemy import select, update
+
+from app.db.models import WebhookAttempt, WebhookEvent
+from app.db.types import utcnow
+from app.jobs import service
+from app.web.auth import current_tenant, require_api_key
+from app.web.services import request_session
+from app.webhooks.delivery import message_id
+
+blp = Blueprint(
+    "job_webhooks",
+    __name__,
+    url_prefix="/v1/jobs",
+    description="Webhook deliveries of a job, attempt by attempt.",
+)
+blp.before_request(require_api_key)
+
+
+class AttemptSchema(ma.Schema):
+    started_at = fields.DateTime()
+    status_code = fields.Integer(allow_none=True, metadata={"description": "null: no answer"})
+    latency_ms = fields.Integer()
+    error = fields.String(
+        allow_none=True, metadata={"description": "Why it did not count; null when delivered."}
+    )
+
+
+class EventSchema(ma.Schema):
+    id = fields.String(metadata={"description": "The `webhook-id` header of every attempt."})
+    type = fields.String()
+    created_at = fields.DateTime()
+    state = fields.String(
+        metadata={
+            "description": "pending (retrying), delivered, failed (schedule exhausted), "
+            "gone (the receiver answered 410: nothing more is sent for this job)"
+        }
+    )
+    next_attempt_at = fields.DateTime(allow_none=True)
+    attempts = fields.List(fields.Nested(AttemptSchema))
+
+
+class DeliveriesSchema(ma.Schema):
+    data = fields.List(fields.Nested(EventSchema))
+
+
+def _job_or_404(job_id: uuid.UUID):
+    job = service.get_job(request_session(), current_tenant(), job_id)
+    if job is None:
+        abort(404, message="No such job.")
+    return job
+
+
+def _event_view(event: WebhookEvent, attempts: list[WebhookAttempt]) -> dict:
+    return {
+        "id": message_id(event.id),
+        "type": event.type,
+        "created_at": event.created_at,
+        "state": event.state,
+        "next_attempt_at": event.next_attempt_at if event.state == "pending" else None,
+        "attempts": attempts,
+    }
+
+
+@blp.route("/<uuid:job_id>/webhooks")
+class JobWebhooks(MethodView):
+    @blp.response(200, DeliveriesSchema)
+    @blp.alt_response(401, description="No or bad API key.")
+    @blp.alt_response(404, description="No such job (or not yours).")
+    def get(self, job_id: uuid.UUID):
+        """List a job's webhook deliveries
+
+        Every event sent (or being retried) for the job, oldest first, with each attempt's
+        status code, latency and error.
+        """
+        _job_or_404(job_id)
+        session = request_session()
+        events = list(
+            session.scalars(
+                select(WebhookEvent)
+                .where(WebhookEvent.job_id == job_id)
+                .order_by(WebhookEvent.created_at, WebhookEvent.id)
+            )
+        )
+        attempts: dict[uuid.UUID, list[WebhookAttempt]] = {e.id: [] for e in events}
+        if events:
+            for attempt in session.scalars(
+                select(WebhookAttempt)
+                .where(WebhookAttempt.event_id.in_(list(attempts)))
+                .order_by(WebhookAttempt.started_at)
+            ):
+                attempts[attempt.event_id].append(attempt)
+        return {"data": [_event_view(e, attempts[e.id]) for e in events]}
+
+
+@blp.route("/<uuid:job_id>/webhooks/redeliver")
+class JobWebhookRedeliver(MethodView):
+    @blp.response(202, EventSchema)
+    @blp.alt_response(401, description="No or bad API key.")
+    @blp.alt_response(404, description="No such job (or not yours), or no event sent yet.")
+    def post(self, job_id: uuid.UUID):
+        """Send the last event again
+
+        The job's most recent event goes back to the delivery queue with the same
+        `webhook-id` (receivers deduplicate on it) and a fresh retry schedule.
+        """
+        _job_or_404(job_id)
+        session = request_session()
+        event = session.scalar(
+            select(WebhookEvent)
+            .where(WebhookEvent.job_id == job_id)
+            .order_by(WebhookEvent.created_at.desc(), WebhookEvent.id.desc())
+            .limit(1)
+        )
+        if event is None:
+            abort(404, message="No webhook event for this job yet.")
+        session.execute(
+            update(WebhookEvent)
+            .where(WebhookEvent.id == event.id)
+            .values(state="pending", attempts=0, next_attempt_at=utcnow(), dispatched_until=None)
+        )
+        session.commit()
+        session.refresh(event)
+        return _event_view(event, []), 202

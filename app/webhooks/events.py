@@ -1,0 +1,112 @@
+"""Which events a job's webhook gets, recorded in the transaction of the change itself."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from sqlalchemy import exists, insert, select, update
+from sqlalchemy.orm import Session
+
+from app.db.models import WebhookEvent
+from app.db.types import utcnow
+
+EVENT_TYPES = ("job.running", "job.progress", "job.succeeded", "job.failed", "job.canceled")
+DEFAULT_EVENTS = ("job.succeeded", "job.failed", "job.canceled")
+PROGRESS_EVERY = timedelta(seconds=1)  # job.progress is coalesced to at most one a second
+STATUS_EVENTS = {
+    "running": "job.running",
+    "succeeded": "job.succeeded",
+    "failed": "job.failed",
+    "canceled": "job.canceled",
+}
+
+
+def selected(webhook_events: list[str] | None) -> tuple[str, ...]:
+    return tuple(webhook_events) if webhook_events else DEFAULT_EVENTS
+
+
+def stopped(session: Session, job_id: uuid.UUID) -> bool:
+    """The receiver answered 410 Gone for this job: nothing more is sent for it."""
+    return bool(
+        session.scalar(
+            select(exists().where(WebhookEvent.job_id == job_id, WebhookEvent.state == "gone"))
+        )
+    )
+
+
+def record(
+    session: Session,
+    job_id: uuid.UUID,
+    *,
+    status: str | None,
+    progressed: bool,
+    webhook_events: list[str] | None,
+) -> None:
+    """Called by every job change of a job that has a webhook."""
+    wanted = selected(webhook_events)
+    now = utcnow()
+    event = STATUS_EVENTS.get(status or "")
+    if event in wanted and not stopped(session, job_id):
+        session.execute(
+            insert(WebhookEvent).values(
+                id=_new_id(),
+                job_id=job_id,
+                type=event,
+                created_at=now,
+                next_attempt_at=now,
+                state="pending",
+                attempts=0,
+            )
+        )
+        return
+    if progressed and status is None and "job.progress" in wanted:
+        recent = exists().where(
+            WebhookEvent.job_id == job_id,
+            WebhookEvent.type == "job.progress",
+            WebhookEvent.created_at > now - PROGRESS_EVERY,
+        )
+        if not session.scalar(select(recent)) and not stopped(session, job_id):
+            session.execute(
+                insert(WebhookEvent).values(
+                    id=_new_id(),
+                    job_id=job_id,
+                    type="job.progress",
+                    created_at=now,
+                    next_attempt_at=now,
+                    state="pending",
+                    attempts=0,
+                )
+            )
+
+
+def _new_id() -> uuid.UUID:
+    from app.ids import uuid7
+
+    return uuid7()
+
+
+def due(session: Session, *, lease_seconds: float, limit: int = 200) -> list[uuid.UUID]:
+    """Claim pending events whose time has come for a delivery worker (for
+    `lease_seconds`; past that, an unfinished hand-out is handed out again)."""
+    now = utcnow()
+    query = (
+        select(WebhookEvent.id)
+        .where(
+            WebhookEvent.state == "pending",
+            WebhookEvent.next_attempt_at <= now,
+            (WebhookEvent.dispatched_until.is_(None)) | (WebhookEvent.dispatched_until < now),
+        )
+        .order_by(WebhookEvent.next_attempt_at)
+        .limit(limit)
+    )
+    if session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    ids = list(session.scalars(query))
+    if ids:
+        session.execute(
+            update(WebhookEvent)
+            .where(WebhookEvent.id.in_(ids))
+            .values(dispatched_until=now + timedelta(seconds=lease_seconds))
+        )
+    return ids

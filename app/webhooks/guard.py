@@ -1,0 +1,138 @@
+"""The SSRF guard: a webhook may only reach a public address (or one an operator allowed).
+
+Checked twice: the URL's form at submit (scheme, credentials, a literal address), and the
+resolved addresses at every delivery, after which the connection goes to the checked
+address itself — no second lookup a rebinding DNS server could answer differently.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+MAX_URL_LENGTH = 2048
+# IPv6 ranges that carry an IPv4 address: reaching one can reach that IPv4 host.
+_EMBEDS_IPV4 = [
+    ipaddress.ip_network("64:ff9b::/96"),  # NAT64, well-known prefix
+    ipaddress.ip_network("64:ff9b:1::/48"),  # NAT64, local-use
+    ipaddress.ip_network("2002::/16"),  # 6to4
+    ipaddress.ip_network("2001::/32"),  # Teredo
+    ipaddress.ip_network("::/96"),  # IPv4-compatible (deprecated)
+]
+
+
+class UnsafeUrl(ValueError):
+    """The URL may not be called; the message says why (safe to show the tenant)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    scheme: str
+    host: str  # as written: the Host header and the TLS server name
+    port: int
+    path: str  # path and query
+    address: str  # the checked address the connection goes to
+
+
+def parse_allow_list(raw: str | None) -> list[Network]:
+    if not raw:
+        return []
+    try:
+        return [
+            ipaddress.ip_network(part.strip(), strict=False)
+            for part in raw.split(",")
+            if part.strip()
+        ]
+    except ValueError as exc:
+        raise ValueError(f"DIFFQ_WEBHOOK_ALLOW_CIDRS: {exc}") from exc
+
+
+def check_address(address: Address, allow: Sequence[Network] = ()) -> None:
+    if any(address in net for net in allow if net.version == address.version):
+        return
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            raise UnsafeUrl(f"{address} is an IPv4-mapped address")
+        if any(address in net for net in _EMBEDS_IPV4):
+            raise UnsafeUrl(f"{address} embeds an IPv4 address (NAT64, 6to4, Teredo)")
+    if (
+        address.is_loopback
+        or address.is_private
+        or address.is_link_local
+        or address.is_multicast
+        or address.is_reserved
+        or address.is_unspecified
+        or not address.is_global
+    ):
+        raise UnsafeUrl(f"{address} is not a public address")
+
+
+def _literal(host: str) -> Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def check_url(url: str, allow: Sequence[Network] = ()) -> tuple[str, str, int, str]:
+    """The form checks made at submit: (scheme, host, port, path); raises UnsafeUrl."""
+    if len(url) > MAX_URL_LENGTH:
+        raise UnsafeUrl(f"longer than {MAX_URL_LENGTH} characters")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UnsafeUrl(f"not a valid URL ({exc})") from exc
+    if parts.scheme not in ("https", "http"):
+        raise UnsafeUrl("only https and http URLs are allowed")
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise UnsafeUrl("credentials in the URL are not allowed")
+    host = parts.hostname
+    if not host:
+        raise UnsafeUrl("the URL has no host")
+    if any(ch.isspace() for ch in url) or "\\" in parts.netloc:
+        raise UnsafeUrl("the URL contains whitespace or backslashes")
+    literal = _literal(host)
+    if literal is not None:
+        check_address(literal, allow)
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return parts.scheme, host, port or (443 if parts.scheme == "https" else 80), path
+
+
+Resolver = Callable[[str, int], list[str]]
+
+
+def system_resolver(host: str, port: int) -> list[str]:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [info[4][0] for info in infos]
+
+
+def resolve_target(
+    url: str, allow: Sequence[Network] = (), resolve: Resolver = system_resolver
+) -> Target:
+    """At delivery: every address the host resolves to must pass (one bad record is
+    enough to refuse: a rebinding name may alternate)."""
+    scheme, host, port, path = check_url(url, allow)
+    literal = _literal(host)
+    if literal is not None:
+        return Target(scheme, host, port, path, str(literal))
+    try:
+        addresses = resolve(host, port)
+    except OSError as exc:
+        raise UnsafeUrl(f"{host} does not resolve ({exc.strerror or exc})") from exc
+    if not addresses:
+        raise UnsafeUrl(f"{host} does not resolve")
+    checked = []
+    for raw in addresses:
+        address = ipaddress.ip_address(raw.split("%", 1)[0])
+        check_address(address, allow)
+        checked.append(address)
+    return Target(scheme, host, port, path, str(checked[0]))
