@@ -14,7 +14,6 @@ def _context():
     """Per worker process: the database, the delivery settings, and the job view the
     API answers GET /v1/jobs/{id} with (so a webhook's `data` is the same object)."""
     from app.config import load_settings
-    from app.db.session import Database
     from app.web.factory import create_app
     from app.web.resources.jobs.presenter import job_view
     from app.web.resources.jobs.schemas import JobSchema
@@ -36,7 +35,9 @@ def _context():
         timeout=settings.webhook_timeout,
         allow=tuple(parse_allow_list(settings.webhook_allow_cidrs)),
     )
-    return Database(settings.database_url, pool_size=4), config, view
+    # The app's own database pool serves the deliveries too (its watcher starts no
+    # listener until a stream subscribes, which never happens here).
+    return flask_app.extensions["diffq"].db, config, view
 
 
 @app.task(name=DELIVER_WEBHOOK_TASK, acks_late=True, ignore_result=True)

@@ -27,7 +27,10 @@ log = logging.getLogger(__name__)
 KILL_AFTER_QUIT_SECONDS = 30.0
 
 
-def worker_command(name: str, queues: Sequence[str], loglevel: str) -> list[str]:
+def worker_command(
+    name: str, queues: Sequence[str], loglevel: str, *, pool: str = "prefork", concurrency: int = 1
+) -> list[str]:
+    """A GPU worker: prefork, one pool process. (Webhook delivery: threads, many.)"""
     return [
         sys.executable,
         "-m",
@@ -35,8 +38,8 @@ def worker_command(name: str, queues: Sequence[str], loglevel: str) -> list[str]
         "-A",
         "tasks",
         "worker",
-        "--pool=prefork",
-        "--concurrency=1",
+        f"--pool={pool}",
+        f"--concurrency={concurrency}",
         f"--queues={','.join(queues)}",
         f"--hostname={name}@%h",
         f"--loglevel={loglevel}",

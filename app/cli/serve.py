@@ -175,21 +175,9 @@ def run_relay(args: argparse.Namespace) -> int:
 
 
 def webhooks_command(concurrency: int, name: str, loglevel: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "tasks",
-        "worker",
-        f"--queues={WEBHOOK_QUEUE}",
-        "--pool=threads",
-        f"--concurrency={concurrency}",
-        f"--hostname={name}@%h",
-        f"--loglevel={loglevel}",
-        "--without-mingle",
-        "--without-gossip",
-    ]
+    from workers.supervisor import worker_command
+
+    return worker_command(name, [WEBHOOK_QUEUE], loglevel, pool="threads", concurrency=concurrency)
 
 
 def run_webhooks(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ import requests
 from standardwebhooks.webhooks import Webhook
 
 from tests.support.jobs import auth, submit, wait_terminal
+from tests.support.ports import free_port
 from tests.support.processes import ApiServer, ManagedProcess
 from tests.support.receiver import Answer, Receiver
 from tests.support.waiting import wait_until
@@ -41,13 +42,24 @@ def hooks(stack, worker):
         env,
         stack.logs,
     ).start()
+    metrics_port = free_port()
     delivery = ManagedProcess(
         "webhooks",
-        [sys.executable, "-m", "app.cli", "webhooks", "--concurrency", "8", "--metrics-port", "0"],
-        env,
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "webhooks",
+            "--concurrency",
+            "8",
+            "--metrics-port",
+            str(metrics_port),
+        ],
+        {**env, "DIFFQ_METRICS_DIR": str(stack.workdir / "metrics-hooks")},
         stack.logs,
     ).start()
     delivery.wait_for_log(r"ready\.", timeout=60)
+    api.delivery_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
     yield api
     delivery.stop()
     relay.stop()
@@ -81,8 +93,21 @@ def _verified(secret: str, received) -> dict:
     return Webhook(secret).verify(received.body, received.headers)
 
 
+def _outcomes(hooks) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(hooks.delivery_metrics, timeout=10).text
+    return {
+        sample.labels["outcome"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "diffq_webhook_deliveries_total"
+    }
+
+
 def test_a_receiver_that_is_down_then_fails_gets_the_event_once(hooks, receiver, tenant_key, db):
     secret = _secret(db, tenant_key)
+    before = _outcomes(hooks)
     receiver.stop()  # down: connections are refused
     job = submit(hooks.url, tenant_key, prompt="hook-1", steps=2, webhook=f"{receiver.url}/in")
     assert wait_terminal(hooks.url, tenant_key, job["id"])["status"] == "succeeded"
@@ -106,6 +131,9 @@ def test_a_receiver_that_is_down_then_fails_gets_the_event_once(hooks, receiver,
     codes = [a["status_code"] for a in event["attempts"]]
     assert codes[-3:] == [500, 429, 200] and all(c is None for c in codes[:-3])
     assert event["attempts"][0]["error"].startswith("connection failed")
+    after = _outcomes(hooks)
+    assert after.get("delivered", 0) - before.get("delivered", 0) == 1
+    assert after.get("retry", 0) - before.get("retry", 0) == len(codes) - 1
     print(f"\nwebhook: {len(codes)} attempts {codes}, delivered once, one webhook-id")
 
 

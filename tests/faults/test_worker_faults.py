@@ -44,7 +44,7 @@ def test_f1_pool_child_killed_mid_generation(fault_stack):
     while len(killed) < 70 and time.monotonic() < deadline:
         rows = sc.rows()
         if sum(not row.status.terminal for row in rows.values()) < 4:
-            sc.submit(prompt="f1", steps=32)  # keep work in flight to kill
+            sc.submit(prompt="f1", steps=12)  # keep work in flight to kill
             continue
         victims = [
             row
@@ -249,7 +249,7 @@ def test_control_without_requeue_on_worker_loss_the_harness_sees_losses(fault_st
                     killed.add(job_id)
                     sc.figures.faults += 1
             time.sleep(0.05)
-        fig = sc.report(sc.settle(20))
+        fig = sc.report(sc.settle(8))  # the lost ones never finish: no need to wait longer
         assert fig.lost > 0, fig.line()
     finally:
         control.stop(timeout=60)
