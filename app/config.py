@@ -107,6 +107,7 @@ class Settings:
     webhook_allow_cidrs: str | None  # private ranges webhooks may reach anyway
     rate_limit: int  # requests a minute per API key; 0: none
     max_queued: int  # queued jobs per tenant; 0: no cap
+    max_running: int  # a tenant's jobs in flight (in the broker or running); 0: no cap
     result_retention: float  # seconds a succeeded job's images are kept; 0: forever
 
     @property
@@ -189,5 +190,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         webhook_allow_cidrs=env.get("DIFFQ_WEBHOOK_ALLOW_CIDRS") or None,
         rate_limit=_int(env, "DIFFQ_RATE_LIMIT", 600),
         max_queued=_int(env, "DIFFQ_MAX_QUEUED", 1000),
+        max_running=_int(env, "DIFFQ_MAX_RUNNING", 0),
         result_retention=_float(env, "DIFFQ_RESULT_RETENTION", 30 * 86400.0),
     )

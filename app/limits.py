@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import delete, func, select, text
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
 
 from app.db.models import Job, RequestCount
@@ -55,15 +55,20 @@ def forget_old_windows(session: Session) -> int:
     return session.execute(delete(RequestCount).where(RequestCount.window_start < cutoff)).rowcount
 
 
-def reserve_queued_slot(session: Session, tenant_id: uuid.UUID, cap: int) -> Verdict:
-    """Before inserting a job: is the tenant under its cap of queued jobs? On PostgreSQL
-    a transaction-scoped advisory lock per tenant makes count-then-insert exact across
-    processes (released by the commit or rollback that follows)."""
-    if cap <= 0:
-        return Verdict(True)
+def lock_tenant(session: Session, tenant_id: uuid.UUID) -> None:
+    """A transaction-scoped lock per tenant (PostgreSQL): count-then-write decisions about
+    one tenant's jobs are made one at a time across every process, until the commit or
+    rollback that follows. (SQLite serialises writers anyway.)"""
     if session.get_bind().dialect.name == "postgresql":
         key = uuid.UUID(str(tenant_id)).int & 0x7FFFFFFFFFFFFFFF
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+
+
+def reserve_queued_slot(session: Session, tenant_id: uuid.UUID, cap: int) -> Verdict:
+    """Before inserting a job: is the tenant under its cap of queued jobs?"""
+    if cap <= 0:
+        return Verdict(True)
+    lock_tenant(session, tenant_id)
     queued = session.scalar(
         select(func.count())
         .select_from(Job)
@@ -72,3 +77,53 @@ def reserve_queued_slot(session: Session, tenant_id: uuid.UUID, cap: int) -> Ver
     if queued < cap:
         return Verdict(True)
     return Verdict(False, 10)
+
+
+def in_flight(session: Session, tenant_id: uuid.UUID) -> int:
+    """The tenant's jobs let through to the broker and not finished: queued there, or
+    running."""
+    return session.scalar(
+        select(func.count())
+        .select_from(Job)
+        .where(
+            Job.tenant_id == tenant_id,
+            Job.admitted_at.is_not(None),
+            Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]),
+        )
+    )
+
+
+def may_admit(session: Session, tenant_id: uuid.UUID, cap: int) -> bool:
+    """At submit (the tenant locked): does a new job go to the broker now, or wait?"""
+    if cap <= 0:
+        return True
+    lock_tenant(session, tenant_id)
+    return in_flight(session, tenant_id) < cap
+
+
+def admit_held(session: Session, tenant_id: uuid.UUID, cap: int) -> list[uuid.UUID]:
+    """The relay's release: let the tenant's held jobs through, best priority and oldest
+    first, while it is under its cap (all of them when there is no cap any more)."""
+    lock_tenant(session, tenant_id)
+    free = cap - in_flight(session, tenant_id) if cap > 0 else None
+    if free is not None and free <= 0:
+        return []
+    held = (
+        select(Job.id)
+        .where(
+            Job.tenant_id == tenant_id,
+            Job.admitted_at.is_(None),
+            Job.status == JobStatus.QUEUED,
+        )
+        .order_by(Job.publish_priority.desc(), Job.id)
+        .limit(free if free is not None else 1000)
+    )
+    ids = list(session.scalars(held))
+    if ids:
+        session.execute(update(Job).where(Job.id.in_(ids)).values(admitted_at=utcnow()))
+    return ids
+
+
+def tenants_with_held_jobs(session: Session) -> list[uuid.UUID]:
+    held = Job.admitted_at.is_(None) & (Job.status == JobStatus.QUEUED)
+    return list(session.scalars(select(Job.tenant_id).where(held).distinct()))

@@ -11,7 +11,7 @@ from app.db.session import Database
 from app.db.types import utcnow
 from app.jobs import service, transitions
 from app.jobs.states import JobStatus
-from app.limits import forget_old_windows
+from app.limits import admit_held, forget_old_windows, tenants_with_held_jobs
 from app.publish import Publisher, publish_and_mark
 from app.retention import remove_expired_results
 from app.storage import Storage
@@ -42,6 +42,24 @@ def dispatch_webhooks(db: Database, publisher: Publisher, *, lease_seconds: floa
     if sent:
         log.info("dispatched %d webhook event(s)", sent)
     return sent
+
+
+def release_held(db: Database, publisher: Publisher, *, cap: int) -> int:
+    """Let held jobs through as their tenants' jobs in flight finish."""
+    with db.session() as session:
+        tenants = tenants_with_held_jobs(session)
+    released = 0
+    for tenant_id in tenants:
+        with db.session() as session:
+            admitted = admit_held(session, tenant_id, cap)
+            jobs = [session.get(Job, job_id) for job_id in admitted]
+        for job in jobs:
+            # A failed publish leaves it admitted and unpublished: the outbox has it.
+            publish_and_mark(db, publisher, job)
+        released += len(jobs)
+    if released:
+        log.info("released %d held job(s) to the broker", released)
+    return released
 
 
 def publish_unpublished(db: Database, publisher: Publisher, *, older_than_seconds: float) -> int:
@@ -146,8 +164,10 @@ def relay_pass(
     webhook_lease: float = 60.0,
     storage: Storage | None = None,
     retention: float = 0.0,
+    max_running: int = 0,
 ) -> RelayReport:
     reaped = reap_lost_jobs(db, max_attempts=max_attempts)
+    release_held(db, publisher, cap=max_running)
     with db.session() as session:
         forget_old_windows(session)
     if storage is not None:

@@ -159,6 +159,7 @@ def relay_loop(stop: threading.Event, interval: float) -> None:
                 webhook_lease=settings.webhook_timeout * 2 + 30,
                 storage=storage,
                 retention=settings.result_retention,
+                max_running=settings.max_running,
             )
         except Exception:
             log.exception("relay pass failed; retrying")

@@ -107,6 +107,15 @@ class Job(Base):
             postgresql_where=text("status = 'succeeded' AND data_removed_at IS NULL"),
             sqlite_where=text("status = 'succeeded' AND data_removed_at IS NULL"),
         ),
+        # Jobs held back by their tenant's cap on jobs in flight, per tenant.
+        Index(
+            "ix_jobs_held",
+            "tenant_id",
+            "publish_priority",
+            "id",
+            postgresql_where=text("admitted_at IS NULL AND status = 'queued'"),
+            sqlite_where=text("admitted_at IS NULL AND status = 'queued'"),
+        ),
         # The relay's scan for rows whose publish did not happen.
         Index(
             "ix_jobs_unpublished",
@@ -159,6 +168,9 @@ class Job(Base):
     webhook_events: Mapped[list[str] | None] = mapped_column(JSONType)
     # Past the retention period the images are deleted and the result cleared.
     data_removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Set when the job may go to the broker: at once, or (over its tenant's cap of jobs
+    # in flight, DIFFQ_MAX_RUNNING) when the relay releases it. Held jobs stay here.
+    admitted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class WebhookEvent(Base):

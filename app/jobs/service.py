@@ -29,6 +29,7 @@ def create_job(
     request_hash: str | None = None,
     webhook_url: str | None = None,
     webhook_events: list[str] | None = None,
+    admitted: bool = True,
 ) -> Job:
     now = utcnow()
     job = Job(
@@ -49,6 +50,7 @@ def create_job(
         request_hash=request_hash,
         webhook_url=webhook_url,
         webhook_events=webhook_events,
+        admitted_at=now if admitted else None,
     )
     session.add(job)
     session.flush()
@@ -103,6 +105,7 @@ def unpublished_job_ids(
         .where(
             Job.status == JobStatus.QUEUED,
             Job.published_at.is_(None),
+            Job.admitted_at.is_not(None),  # held jobs wait for their tenant's slot
             Job.created_at < older_than,
         )
         .order_by(Job.created_at)
@@ -129,6 +132,7 @@ def starving_job_ids(
         select(Job.id)
         .where(
             Job.status == JobStatus.QUEUED,
+            Job.admitted_at.is_not(None),  # a held job is not in the broker to promote
             Job.publish_priority < below,
             Job.created_at < utcnow() - timedelta(seconds=waited_seconds),
         )

@@ -11,20 +11,34 @@ import pytest
 import requests
 
 from tests.support.jobs import auth
-from tests.support.processes import ApiServer
+from tests.support.processes import ApiServer, ManagedProcess
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.services
 
 RATE = 20
 QUEUED_CAP = 5
+IN_FLIGHT_CAP = 2
 
 
 @pytest.fixture(scope="module")
 def limited(stack):
-    env = {**stack.env, "DIFFQ_RATE_LIMIT": str(RATE), "DIFFQ_MAX_QUEUED": str(QUEUED_CAP)}
+    env = {
+        **stack.env,
+        "DIFFQ_RATE_LIMIT": str(RATE),
+        "DIFFQ_MAX_QUEUED": str(QUEUED_CAP),
+        "DIFFQ_MAX_RUNNING": str(IN_FLIGHT_CAP),
+    }
     # Two gunicorn processes: a per-process counter would let twice the limit through.
     api = ApiServer(env, stack.logs, name="api-limits", workers=2).start()
+    relay = ManagedProcess(
+        "relay-limits",
+        [sys.executable, "-m", "app.cli", "relay", "--interval", "0.2"],
+        env,
+        stack.logs,
+    ).start()
     yield api
+    relay.stop()
     api.stop()
 
 
@@ -123,3 +137,47 @@ def test_a_database_dump_holds_no_usable_key(stack, db):
     secret = key.rsplit("_", 1)[1]
     assert hashlib.sha256(key.encode()).hexdigest() in dump  # the row is in the dump
     assert key not in dump and secret not in dump  # but nothing that authenticates
+
+
+def test_a_tenant_has_at_most_its_cap_of_jobs_in_flight(limited, tenant_key, db):
+    """Jobs over the cap wait in PostgreSQL, unpublished; the relay lets the next one
+    through as soon as one in flight ends."""
+    from app.db.models import Job
+
+    def post(i):
+        body = {"prompt": f"held-{i}", "model": "tiny-b"}  # no worker: nothing finishes
+        response = requests.post(
+            f"{limited.url}/v1/jobs", json=body, headers=auth(tenant_key), timeout=10
+        )
+        assert response.status_code == 202, response.text
+        return response.json()["id"]
+
+    ids = [post(i) for i in range(QUEUED_CAP)]
+
+    def rows():
+        with db.session() as session:
+            return {str(j.id): j for j in session.query(Job).filter(Job.id.in_(ids))}
+
+    def in_flight():
+        return [j for j, row in rows().items() if row.admitted_at and row.status.value == "queued"]
+
+    first = in_flight()
+    assert len(first) == IN_FLIGHT_CAP
+    assert all(rows()[j].published_at is not None for j in first)
+    held = [j for j in ids if j not in first]
+    assert all(rows()[j].published_at is None for j in held)  # never reached the broker
+
+    cancel = f"{limited.url}/v1/jobs/{first[0]}/cancel"
+    assert requests.post(cancel, headers=auth(tenant_key), timeout=10).status_code == 200
+    released = wait_until(lambda: (now := in_flight()) and len(now) == IN_FLIGHT_CAP and now, 10)
+    newcomer = (set(released) - set(first)).pop()
+    assert newcomer == held[0]  # oldest first
+    wait_until(lambda: rows()[newcomer].published_at is not None, timeout=10)
+    print(
+        f"\nin-flight cap {IN_FLIGHT_CAP}: {len(ids)} submitted, {len(first)} let through, "
+        f"the next released after a cancel"
+    )
+    for job_id in ids:  # leave nothing queued for the tests after this one
+        requests.post(
+            f"{limited.url}/v1/jobs/{job_id}/cancel", headers=auth(tenant_key), timeout=10
+        )

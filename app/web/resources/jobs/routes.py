@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from app.jobs import service, transitions
 from app.jobs.queue_info import queue_info
 from app.jobs.states import ErrorCode, JobStatus, Priority
-from app.limits import reserve_queued_slot
+from app.limits import may_admit, reserve_queued_slot
 from app.metrics.instruments import JOBS_SUBMITTED
 from app.publish import publish_and_mark
 from app.web.auth import current_tenant, require_api_key
@@ -101,6 +101,7 @@ class Jobs(MethodView):
                 message=f"Too many queued jobs: at most {svc.settings.max_queued} per tenant.",
                 headers={"Retry-After": str(quota.retry_after)},
             )
+        admitted = may_admit(session, tenant_id, svc.settings.max_running)
         try:
             job = service.create_job(
                 session,
@@ -115,6 +116,7 @@ class Jobs(MethodView):
                 request_hash=body_hash,
                 webhook_url=request_data["webhook"],
                 webhook_events=request_data["webhook_events"],
+                admitted=admitted,
             )
             session.commit()
         except IntegrityError:
@@ -125,7 +127,8 @@ class Jobs(MethodView):
                 raise
             return _replay(existing, body_hash, key)
         # Committed first: a publish that fails leaves a durable row for the relay.
-        publish_and_mark(svc.db, svc.publisher, job)
+        if admitted:  # else it waits here until the relay lets it through
+            publish_and_mark(svc.db, svc.publisher, job)
         JOBS_SUBMITTED.labels(job.model).inc()
         view = _view(job)
         return view, 202, {"Location": view["urls"]["self"]}
