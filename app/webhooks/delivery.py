@@ -97,12 +97,9 @@ def post(target: Target, headers: dict[str, str], body: bytes, timeout: float) -
         )
     else:
         pool = urllib3.HTTPConnectionPool(target.address, target.port, **kwargs)
-    default_port = 443 if target.scheme == "https" else 80
-    host = target.host if target.port == default_port else f"{target.host}:{target.port}"
-    if ":" in target.host and not target.host.startswith("["):
-        host = (
-            f"[{target.host}]" if target.port == default_port else f"[{target.host}]:{target.port}"
-        )
+    host = f"[{target.host}]" if ":" in target.host else target.host  # IPv6 literal
+    if target.port != (443 if target.scheme == "https" else 80):
+        host += f":{target.port}"
     try:
         response = pool.urlopen(
             "POST",

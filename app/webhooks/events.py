@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import WebhookEvent
 from app.db.types import utcnow
+from app.ids import uuid7
 
 EVENT_TYPES = ("job.running", "job.progress", "job.succeeded", "job.failed", "job.canceled")
 DEFAULT_EVENTS = ("job.succeeded", "job.failed", "job.canceled")
@@ -50,7 +51,7 @@ def record(
     if event in wanted and not stopped(session, job_id):
         session.execute(
             insert(WebhookEvent).values(
-                id=_new_id(),
+                id=uuid7(),
                 job_id=job_id,
                 type=event,
                 created_at=now,
@@ -69,7 +70,7 @@ def record(
         if not session.scalar(select(recent)) and not stopped(session, job_id):
             session.execute(
                 insert(WebhookEvent).values(
-                    id=_new_id(),
+                    id=uuid7(),
                     job_id=job_id,
                     type="job.progress",
                     created_at=now,
@@ -78,12 +79,6 @@ def record(
                     attempts=0,
                 )
             )
-
-
-def _new_id() -> uuid.UUID:
-    from app.ids import uuid7
-
-    return uuid7()
 
 
 def due(session: Session, *, lease_seconds: float, limit: int = 200) -> list[uuid.UUID]:
