@@ -3,7 +3,9 @@
     .venv/bin/python -m bench.submit_latency [--requests 200]
 
 Baselines from the same run: GET /healthz (the HTTP stack alone) and GET /v1/jobs/{id}
-(authentication plus one read). Ratios are against /healthz's p50.
+(authentication plus one read). Ratios are against /healthz's p50. The last two rows
+come from a second API in the same run that counts every request against the per-key
+rate limit (one upsert per request): compare them with the rows above them.
 """
 
 from __future__ import annotations
@@ -50,11 +52,16 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         stack = start_stack(Path(tmp))
-        api = ApiServer(stack.env, stack.logs, name="bench-api")
-        api.args[api.args.index("--workers") + 1] = "2"
+        api = ApiServer(stack.env, stack.logs, name="bench-api", workers=2)
         api.args[api.args.index("--threads") + 1] = "16"
+        # The same API with the per-key rate limit counted (a high limit: never refused).
+        limited = ApiServer(
+            {**stack.env, "DIFFQ_RATE_LIMIT": "1000000"}, stack.logs, "bench-api-rl", workers=2
+        )
+        limited.args[limited.args.index("--threads") + 1] = "16"
         try:
             api.start()
+            limited.start()
             key = _make_key(stack.database_url)
             body = {"prompt": "benchmark", "steps": 2}
             session = requests.Session()
@@ -72,6 +79,17 @@ def main() -> None:
                 for _ in range(n)
             ]
 
+            for _ in range(20):
+                _timed(session, "POST", f"{limited.url}/v1/jobs", json=body, headers=auth(key))
+            read_rl = [
+                _timed(session, "GET", f"{limited.url}/v1/jobs/{job_id}", headers=auth(key))
+                for _ in range(n)
+            ]
+            submit_rl = [
+                _timed(session, "POST", f"{limited.url}/v1/jobs", json=body, headers=auth(key))
+                for _ in range(n)
+            ]
+
             def one(_):
                 with requests.Session() as own:
                     return _timed(own, "POST", f"{api.url}/v1/jobs", json=body, headers=auth(key))
@@ -82,6 +100,7 @@ def main() -> None:
             throughput = n / (time.perf_counter() - started)
         finally:
             api.stop()
+            limited.stop()
             stack.close()
 
     base = summarize(health)["p50"]
@@ -91,6 +110,8 @@ def main() -> None:
         ("GET /v1/jobs/{id}", read),
         ("POST /v1/jobs", submit),
         (f"POST /v1/jobs x{args.concurrency} threads", concurrent),
+        ("GET /v1/jobs/{id}, rate limit counted", read_rl),
+        ("POST /v1/jobs, rate limit counted", submit_rl),
     ):
         row = {"request": name, **summarize(samples)}
         row["p50 / healthz"] = row["p50"] / base
