@@ -43,6 +43,20 @@ class ModelSpec:
     soft_time_limit: int = 600
     time_limit: int = 660
     schedulers: tuple[str, ...] = field(default=SCHEDULERS)
+    # Where `high` priority jobs go instead of `queue` (e.g. a pool on on-demand nodes
+    # while `queue` is served by spot nodes); empty: the same queue.
+    high_priority_queue: str = ""
+
+    def queue_for(self, priority: str) -> str:
+        return (
+            self.high_priority_queue
+            if priority == "high" and self.high_priority_queue
+            else self.queue
+        )
+
+    @property
+    def all_queues(self) -> tuple[str, ...]:
+        return (self.queue, self.high_priority_queue) if self.high_priority_queue else (self.queue,)
 
     def check(self) -> None:
         if self.dtype not in DTYPES:
@@ -67,6 +81,8 @@ class ModelSpec:
                 f"consumer_timeout ({CONSUMER_TIMEOUT_SECONDS}s) minus "
                 f"{TIME_LIMIT_HEADROOM_SECONDS}s"
             )
+        if self.high_priority_queue == self.queue:
+            raise CatalogError(f"model {self.name!r}: high_priority_queue must differ from queue")
         unknown = set(self.schedulers) - set(SCHEDULERS)
         if unknown:
             raise CatalogError(f"model {self.name!r}: unknown schedulers {sorted(unknown)}")
@@ -82,10 +98,10 @@ class Catalog:
 
     @property
     def queues(self) -> list[str]:
-        return sorted({m.queue for m in self.models.values()})
+        return sorted({q for m in self.models.values() for q in m.all_queues})
 
     def models_for_queues(self, queues: list[str]) -> list[ModelSpec]:
-        return [m for m in self.models.values() if m.queue in queues]
+        return [m for m in self.models.values() if set(m.all_queues) & set(queues)]
 
 
 def tiny_spec(path: Path, name: str = "tiny", queue: str = "gpu.tiny") -> ModelSpec:

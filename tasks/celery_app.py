@@ -14,6 +14,9 @@ def create_celery(**overrides) -> Celery:
     app = Celery("diffq", include=["tasks.generate", "tasks.webhooks", "tasks.worker_boot"])
     app.config_from_object(load_settings().celery_config)
     app.conf.update(overrides)
+    from workers.heartbeat import Heartbeat
+
+    app.steps["consumer"].add(Heartbeat)  # the worker's /healthz (workers/heartbeat.py)
     return app
 
 

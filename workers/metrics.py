@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 from pathlib import Path
 
 from app.config import Settings
@@ -36,7 +37,7 @@ def serve(settings: Settings) -> None:
     port = settings.worker_metrics_port
     if port <= 0:
         return
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry
     from prometheus_client.multiprocess import MultiProcessCollector
 
     from app.metrics.gpu import GpuCollector
@@ -48,9 +49,36 @@ def serve(settings: Settings) -> None:
         registry.register(GpuCollector(gpus))
     host = settings.worker_metrics_host
     try:
-        start_http_server(port, addr=host, registry=registry)
+        _serve(host, port, registry)
     except OSError as exc:
         # Metrics never stop a worker from serving jobs.
         log.warning("worker metrics not served on %s:%s: %s", host, port, exc)
         return
-    log.info("worker metrics on http://%s:%s/metrics", host, port)
+    log.info("worker metrics on http://%s:%s/metrics, liveness on /healthz", host, port)
+
+
+def _serve(host: str, port: int, registry) -> None:
+    """/metrics from the registry, /healthz from the heartbeat, in a daemon thread."""
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from prometheus_client import make_wsgi_app
+
+    from workers.heartbeat import wsgi_health
+
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ, start_response):
+        if environ.get("PATH_INFO") == "/healthz":
+            return wsgi_health(environ, start_response)
+        return metrics_app(environ, start_response)
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class QuietHandler(WSGIRequestHandler):
+        def log_message(self, *_args) -> None:  # probes every few seconds: not logged
+            pass
+
+    server = make_server(host, port, app, server_class=Server, handler_class=QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()

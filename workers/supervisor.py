@@ -48,13 +48,22 @@ def worker_command(
     ]
 
 
-def queues_for(catalog: Catalog, models: Sequence[str] | None) -> list[str]:
+def queues_for(
+    catalog: Catalog, models: Sequence[str] | None, queues: Sequence[str] | None = None
+) -> list[str]:
+    """The queues of the chosen models (each model's high-priority queue included), or
+    exactly `queues` (a spot pool takes `gpu.sdxl`, an on-demand pool `gpu.sdxl.high`)."""
+    if queues:
+        unknown = sorted(set(queues) - set(catalog.queues))
+        if unknown:
+            raise ValueError(f"unknown queue(s) {unknown}; configured: {catalog.queues}")
+        return sorted(set(queues))
     if not models:
         return catalog.queues
     unknown = [m for m in models if m not in catalog.models]
     if unknown:
         raise ValueError(f"unknown model(s) {unknown}; configured: {sorted(catalog.models)}")
-    return sorted({catalog.models[m].queue for m in models})
+    return sorted({q for m in models for q in catalog.models[m].all_queues})
 
 
 class ProcessGroup:

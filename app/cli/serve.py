@@ -35,6 +35,11 @@ def register(commands) -> None:
     )
     worker.add_argument("--models", help="comma-separated model names (default: all configured)")
     worker.add_argument(
+        "--queues",
+        help="comma-separated queues to consume instead of the models' (e.g. only a model's "
+        "high_priority_queue, for an on-demand pool)",
+    )
+    worker.add_argument(
         "--name",
         help="node name prefix (default gpu, giving gpu0@host…; cpu without GPUs); "
         "two workers on one host need different names",
@@ -125,9 +130,10 @@ def run_worker(args: argparse.Namespace) -> int:
     settings = load_settings()
     catalog = load_catalog(settings)
     models = [m.strip() for m in args.models.split(",")] if args.models else None
+    queues = [q.strip() for q in args.queues.split(",")] if args.queues else None
     return run_workers(
         parse_gpus(args.gpus),
-        queues_for(catalog, models),
+        queues_for(catalog, models, queues),
         args.loglevel,
         name=args.name,
         # Past the shutdown grace, jobs are handed back; give that a minute to finish.

@@ -27,3 +27,25 @@ def upgrade(database_url: str, revision: str = "head") -> None:
 def check(database_url: str) -> None:
     """Raise if the models and the migrations disagree."""
     command.check(alembic_config(database_url))
+
+
+class SchemaBehind(RuntimeError):
+    """The database's migrations are not the ones this code expects."""
+
+
+_HEADS: set[str] | None = None
+
+
+def schema_at_head(engine) -> None:
+    """Raise unless the database carries every migration this code was built with (the
+    migrate Job has run): a readiness check, one small query."""
+    global _HEADS
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    if _HEADS is None:
+        _HEADS = set(ScriptDirectory.from_config(alembic_config("sqlite://")).get_heads())
+    with engine.connect() as conn:
+        current = set(MigrationContext.configure(conn).get_current_heads())
+    if current != _HEADS:
+        raise SchemaBehind(f"database at {sorted(current)}, code expects {sorted(_HEADS)}")

@@ -112,8 +112,11 @@ class ServiceCollector:
         self.db, self.queues, self.broker = db, queues, broker
 
     def collect(self):
+        from app.metrics.backlog import backlog_gauge
+
         try:
             yield from job_gauges(self.db, self.queues)
+            yield backlog_gauge(self.db, self.queues)
         except Exception as exc:  # noqa: BLE001
             log.warning("job readings unavailable: %s: %s", type(exc).__name__, exc)
         if self.broker is not None:

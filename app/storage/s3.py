@@ -101,7 +101,14 @@ class S3Storage:
         )
 
     def check(self) -> None:
+        """The store answers. A missing bucket is fine when diffq creates it on the first
+        upload (DIFFQ_S3_CREATE_BUCKET): a fresh deployment is ready before any image."""
         try:
             self.client.head_bucket(Bucket=self.bucket)
-        except (BotoCoreError, ClientError) as exc:
+        except ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status == 404 and self._create_bucket:
+                return
+            raise _translate(exc, f"head bucket {self.bucket}") from exc
+        except BotoCoreError as exc:
             raise _translate(exc, f"head bucket {self.bucket}") from exc

@@ -56,7 +56,13 @@ def test_health_and_readiness_check_every_dependency(client):
     assert client.get("/healthz").json == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200, ready.json
-    assert ready.json["checks"] == {"database": "ok", "broker": "ok", "storage": "ok"}
+    assert ready.json["checks"] == {
+        "database": "ok",
+        "schema": "ok",
+        "broker": "ok",
+        "storage": "ok",
+    }
+    assert ready.json["required"] == ["database", "schema"]
 
 
 def test_openapi_document_describes_routes_limits_and_auth(client):

@@ -107,7 +107,7 @@ class Jobs(MethodView):
                 session,
                 tenant_id,
                 model=spec.name,
-                queue=spec.queue,
+                queue=spec.queue_for(params["priority"]),
                 priority=Priority(params["priority"]),
                 params=params,
                 metadata=request_data["metadata"],

@@ -1,0 +1,175 @@
+"""Probes that mean what they say, the GPU-seconds backlog, and high-priority routing."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from app.catalog import Catalog, ModelSpec
+from app.config import load_settings
+from app.jobs import service
+from app.jobs.states import JobStatus, Priority
+
+pytestmark = pytest.mark.services
+
+
+def _app(**env):
+    import os
+
+    from app.web.factory import create_app
+
+    return create_app(load_settings({**os.environ, **env}))
+
+
+def test_readyz_gates_on_the_database_not_the_broker(stack):
+    # A broker nobody listens on: jobs are still accepted (the relay publishes them later).
+    from tasks.celery_app import create_celery
+
+    app = _app()
+    app.extensions["diffq"].publisher._celery = create_celery(
+        broker_url="amqp://guest:guest@127.0.0.1:1//"
+    )
+    ready = app.test_client().get("/readyz")
+    print("readyz with the broker away:", ready.json)
+    assert ready.status_code == 200, ready.json
+    assert ready.json["checks"]["broker"].startswith("unavailable")
+    assert ready.json["checks"]["database"] == ready.json["checks"]["schema"] == "ok"
+
+
+def test_readyz_fails_without_the_database(stack):
+    app = _app(DIFFQ_DATABASE_URL="postgresql+psycopg2://nobody:x@127.0.0.1:1/none")
+    ready = app.test_client().get("/readyz")
+    assert ready.status_code == 503, ready.json
+    assert ready.json["checks"]["database"].startswith("unavailable")
+
+
+def test_readyz_fails_while_the_schema_is_behind(stack):
+    from app.db.migrate import upgrade
+    from tests.support import services
+
+    name = f"diffq_behind_{uuid.uuid4().hex[:8]}"
+    url = services.create_database(name)
+    try:
+        upgrade(url, "0003")
+        app = _app(DIFFQ_DATABASE_URL=url)
+        ready = app.test_client().get("/readyz")
+        assert ready.status_code == 503, ready.json
+        assert ready.json["checks"]["schema"] == "unavailable (SchemaBehind)"
+        upgrade(url)
+        assert app.test_client().get("/readyz").status_code == 200
+        app.extensions["diffq"].db.dispose()
+    finally:
+        services.drop_database(name)
+
+
+def test_readyz_is_ready_before_a_created_on_upload_bucket_exists(stack):
+    missing = f"diffq-missing-{uuid.uuid4().hex[:8]}"
+    created = _app(DIFFQ_STORAGE_URL=f"s3://{missing}", DIFFQ_S3_CREATE_BUCKET="true")
+    body = created.test_client().get("/readyz").json
+    assert body["status"] == "ready" and body["checks"]["storage"] == "ok", body
+    # Without bucket creation the missing bucket is reported (and still does not gate).
+    strict = _app(DIFFQ_STORAGE_URL=f"s3://{missing}", DIFFQ_S3_CREATE_BUCKET="false")
+    body = strict.test_client().get("/readyz").json
+    assert body["checks"]["storage"].startswith("unavailable"), body
+    assert body["status"] == "ready"
+
+
+def test_worker_liveness_fails_only_when_its_own_loop_stalls(monkeypatch):
+    from workers import heartbeat
+
+    heartbeat.beat()
+    assert heartbeat.health()[0] == 200
+    later = heartbeat._state["beat"] + heartbeat.STALE_SECONDS + 1
+    status, body = heartbeat.health(now=later)
+    assert status == 503 and body["state"] == "consuming", body
+    # The broker went away: the consumer stopped its steps and is reconnecting.
+    heartbeat.set_state("reconnecting")
+    later = heartbeat._state["beat"] + 10 * heartbeat.STALE_SECONDS
+    assert heartbeat.health(now=later) == (
+        200,
+        {
+            "status": "ok",
+            "state": "reconnecting",
+            "last_beat_age": round(later - heartbeat._state["beat"], 1),
+        },
+    )
+
+
+def _job(session, tenant_id, queue, model, steps, **fields):
+    job = service.create_job(
+        session,
+        tenant_id,
+        model=model,
+        queue=queue,
+        priority=Priority.NORMAL,
+        params={"prompt": "p", "steps": steps, "num_images": 1, "seed": 1},
+        metadata=None,
+    )
+    for name, value in fields.items():
+        setattr(job, name, value)
+    return job
+
+
+def test_backlog_counts_gpu_seconds_of_queued_jobs_only(db):
+    from app.db.types import utcnow
+    from app.keys import get_or_create_tenant
+    from app.metrics.backlog import FALLBACK_UNIT_SECONDS, backlog_seconds
+
+    run = uuid.uuid4().hex[:8]
+    queue, model, fresh_queue = f"gpu.backlog-{run}", f"backlog-{run}", f"gpu.fresh-{run}"
+    now = utcnow()
+    with db.session() as session:
+        tenant = get_or_create_tenant(session, f"backlog-{run}")
+        # Two successes of different sizes: fixed 2 s + 0.5 s per step.
+        for steps, seconds in ((10, 7.0), (20, 12.0)):
+            _job(
+                session,
+                tenant.id,
+                queue,
+                model,
+                steps,
+                status=JobStatus.SUCCEEDED,
+                started_at=now - timedelta(seconds=seconds + 1),
+                finished_at=now - timedelta(seconds=1),
+            )
+        _job(session, tenant.id, queue, model, 8)  # counts: 2 + 4 = 6 s
+        _job(session, tenant.id, queue, model, 4)  # counts: 2 + 2 = 4 s
+        _job(session, tenant.id, queue, model, 50, status=JobStatus.CANCELED)
+        _job(session, tenant.id, queue, model, 50, deadline_at=now - timedelta(seconds=1))
+        _job(session, tenant.id, queue, model, 50, admitted_at=None)  # held by the tenant cap
+        _job(session, tenant.id, queue, model, 50, status=JobStatus.RUNNING, started_at=now)
+        _job(session, tenant.id, fresh_queue, f"fresh-{run}", 3)  # no history: the fallback
+    backlog = backlog_seconds(db)
+    print(f"backlog {queue}: {backlog.get(queue)} s, {fresh_queue}: {backlog.get(fresh_queue)} s")
+    assert backlog[queue] == pytest.approx(10.0)
+    assert backlog[fresh_queue] == pytest.approx(3 * FALLBACK_UNIT_SECONDS)
+
+
+def test_backlog_is_exported_on_the_api_metrics(client):
+    text = client.get("/metrics").get_data(as_text=True)
+    assert 'diffq_queue_backlog_gpu_seconds{queue="gpu.tiny"}' in text
+
+
+def test_high_priority_jobs_go_to_the_high_priority_queue(tmp_path):
+    from workers.supervisor import queues_for
+
+    spec = ModelSpec(
+        name="sdxl", path=tmp_path, queue="gpu.sdxl", high_priority_queue="gpu.sdxl.high"
+    )
+    catalog = Catalog(models={"sdxl": spec}, default_model="sdxl")
+    assert [spec.queue_for(p) for p in ("low", "normal", "high")] == [
+        "gpu.sdxl",
+        "gpu.sdxl",
+        "gpu.sdxl.high",
+    ]
+    assert catalog.queues == ["gpu.sdxl", "gpu.sdxl.high"]
+    assert catalog.models_for_queues(["gpu.sdxl.high"]) == [spec]
+    assert queues_for(catalog, ["sdxl"]) == ["gpu.sdxl", "gpu.sdxl.high"]
+    assert queues_for(catalog, None, ["gpu.sdxl.high"]) == ["gpu.sdxl.high"]
+    with pytest.raises(ValueError, match="unknown queue"):
+        queues_for(catalog, None, ["gpu.other"])
+    plain = dataclasses.replace(spec, high_priority_queue="")
+    assert plain.queue_for("high") == "gpu.sdxl"
