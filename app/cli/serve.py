@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from app.config import load_settings
 from app.queues import WEBHOOK_QUEUE
@@ -53,6 +54,10 @@ def register(commands) -> None:
         "worker vanished, cancel jobs past their deadline, raise long-waiting jobs' priority",
     )
     relay.add_argument("--interval", type=float, default=2.0, help="seconds between scans")
+    relay.add_argument(
+        "--heartbeat",
+        help="a file touched after every pass, failed or not (a liveness probe checks its age)",
+    )
     relay.set_defaults(handler=run_relay)
 
     hooks = commands.add_parser(
@@ -141,7 +146,7 @@ def run_worker(args: argparse.Namespace) -> int:
     )
 
 
-def relay_loop(stop: threading.Event, interval: float) -> None:
+def relay_loop(stop: threading.Event, interval: float, heartbeat: str | None = None) -> None:
     from app.catalog import load_catalog
     from app.db.session import Database
     from app.publish import Publisher
@@ -169,6 +174,10 @@ def relay_loop(stop: threading.Event, interval: float) -> None:
             )
         except Exception:
             log.exception("relay pass failed; retrying")
+        if heartbeat:
+            # The loop turns (a pass that failed on a broker or database outage counts:
+            # restarting the relay would not bring either back).
+            Path(heartbeat).touch()
         stop.wait(interval)
     db.dispose()
 
@@ -177,7 +186,7 @@ def run_relay(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    relay_loop(stop, args.interval)
+    relay_loop(stop, args.interval, args.heartbeat)
     return 0
 
 

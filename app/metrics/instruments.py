@@ -6,7 +6,7 @@ the catalog, error codes from app.jobs.states.ErrorCode.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 GENERATION_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -23,6 +23,13 @@ HTTP_DURATION = Histogram(
     "Time to answer an HTTP request (event streams: time to the first byte)",
     ["route", "method"],
     buckets=LATENCY_BUCKETS,
+)
+# What the API's HPA scales on (through prometheus-adapter): requests being answered now,
+# summed over the live gunicorn processes; event streams are left out (they are held open).
+HTTP_IN_FLIGHT = Gauge(
+    "diffq_http_requests_in_flight",
+    "HTTP requests being answered now (event streams excluded)",
+    multiprocess_mode="livesum",
 )
 JOBS_SUBMITTED = Counter(
     "diffq_jobs_submitted", "Jobs accepted by POST /v1/jobs (202), by model", ["model"]

@@ -19,7 +19,7 @@ from app.web.services import Services
 def install(app: Flask, svc: Services) -> None:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    from app.metrics.instruments import HTTP_DURATION, HTTP_REQUESTS
+    from app.metrics.instruments import HTTP_DURATION, HTTP_IN_FLIGHT, HTTP_REQUESTS
 
     broker = None
     if not svc.settings.embedded:
@@ -29,6 +29,15 @@ def install(app: Flask, svc: Services) -> None:
     @app.before_request
     def _start_timer() -> None:
         g.request_started = time.perf_counter()
+        rule = request.url_rule.rule if request.url_rule is not None else ""
+        if rule != "/metrics" and not rule.endswith("/events"):
+            HTTP_IN_FLIGHT.inc()
+            g.in_flight = True
+
+    @app.teardown_request
+    def _done(_exc: BaseException | None = None) -> None:
+        if g.pop("in_flight", False):
+            HTTP_IN_FLIGHT.dec()
 
     @app.after_request
     def _count(response: Response) -> Response:

@@ -36,7 +36,7 @@ def test_the_readme_lists_every_model_key():
 
 @pytest.mark.parametrize(
     "source",
-    ["deploy/models.toml", "deploy/k8s/configmap.yaml"],
+    ["deploy/models.toml", "deploy/k8s/base/configmap.yaml"],
 )
 def test_shipped_model_files_are_valid_catalogs(tmp_path, source):
     text = (ROOT / source).read_text()
