@@ -24,7 +24,6 @@ from app.jobs.queue_info import CostModel, cost_model
 from app.jobs.states import JobStatus
 
 FALLBACK_UNIT_SECONDS = 1.0
-METRIC = "diffq_queue_backlog_gpu_seconds"
 
 
 def backlog_seconds(db: Database) -> dict[str, float]:
@@ -48,7 +47,7 @@ def backlog_seconds(db: Database) -> dict[str, float]:
 
 def backlog_gauge(db: Database, queues: Iterable[str]) -> GaugeMetricFamily:
     gauge = GaugeMetricFamily(
-        METRIC,
+        "diffq_queue_backlog_gpu_seconds",
         "Estimated GPU-seconds of queued work by queue (model pool): queued jobs x the ETA "
         "model's per-job estimate, excluding canceled, expired and cap-held jobs",
         labels=["queue"],

@@ -8,7 +8,10 @@ queue, a missing mount, an unset secret) or whose probe points nowhere fails her
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -183,12 +186,18 @@ def _run_deployment(source: str, stack, tmp_path) -> None:
     processes: list[ManagedProcess] = []
     receiver = Receiver().start()
     started = time.monotonic()
+    phases: dict[str, float] = {}
+
+    def phase(name: str) -> None:
+        phases[name] = round(time.monotonic() - started, 1)
+
     try:
         # The migrate Job/service first, twice: a rollout may run it again.
         for attempt in (1, 2):
             (migrate,) = by_role["migrate"]
             done = subprocess.run(migrate.args, env=migrate.env, capture_output=True, timeout=120)
             assert done.returncode == 0, (attempt, done.stderr.decode()[-2000:])
+            phase(f"migrate {attempt}")
         for name in ("api", "relay", "webhooks", "worker", "flower"):
             for role in by_role[name]:
                 process = ManagedProcess(
@@ -199,6 +208,7 @@ def _run_deployment(source: str, stack, tmp_path) -> None:
         api_url = f"http://127.0.0.1:{api.ports[8000]}"
         # Ready as its readiness probe says, with the broker and the workers just starting.
         _wait(lambda: _probe_ok(api), "API ready (its probes)", 60, processes)
+        phase("api ready")
         for role in by_role["worker"] + by_role["webhooks"]:
             health = _liveness_url(role)
             _wait(
@@ -207,6 +217,7 @@ def _run_deployment(source: str, stack, tmp_path) -> None:
                 180,
                 processes,
             )
+        phase("workers consuming")
         key = _cli(api, "keys", "create", "--tenant", f"deploy-{run}")
         secret = _cli(api, "webhook-secret", "--tenant", f"deploy-{run}")
 
@@ -226,6 +237,7 @@ def _run_deployment(source: str, stack, tmp_path) -> None:
         verified = Webhook(secret).verify(event.body, event.headers)
         assert verified["type"] == "job.succeeded" and verified["data"]["id"] == job["id"]
 
+        phase("job + webhook")
         # Long enough to still be queued or running when the cancel lands.
         victim = submit(
             api_url, key, prompt="cancel me", steps=80, width=64, height=64, webhook=receiver.url
@@ -243,6 +255,7 @@ def _run_deployment(source: str, stack, tmp_path) -> None:
         )[0]
         assert Webhook(secret).verify(event.body, event.headers)["type"] == "job.canceled"
 
+        phase("cancel + webhook")
         (flower,) = by_role["flower"]
         flower_url = f"http://127.0.0.1:{flower.ports[5555]}/"
         _wait(
@@ -261,14 +274,20 @@ def _run_deployment(source: str, stack, tmp_path) -> None:
             for r in roles
             if r not in by_role["migrate"]
         }
+        phase("flower + probes")
         print(
             f"\n{source}: {len(roles)} workloads, job succeeded + signed webhook, cancel "
-            f"delivered, in {time.monotonic() - started:.1f}s; probes: {answered}"
+            f"delivered; seconds since start: {phases}; probes: {answered}"
         )
     finally:
         receiver.stop()
-        for process in reversed(processes):
+        for process in processes:  # all at once, then wait for each
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in processes:
             process.stop(timeout=40)
+        phase("stopped")
+        print(f"{source}: stopped at {phases['stopped']}s")
         services.drop_database(db_name)
         services.delete_vhost(vhost)
 
