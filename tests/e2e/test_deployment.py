@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import requests
@@ -31,6 +33,7 @@ from tests.support.deployment import (
     kustomize,
     localize,
 )
+from tests.support.faultproxy import FaultProxy
 from tests.support.jobs import auth, submit, wait_terminal
 from tests.support.processes import ManagedProcess
 from tests.support.receiver import Receiver
@@ -138,6 +141,10 @@ def _run_deployment(source: str, stack, tmp_path) -> None:
     db_name, vhost = f"diffq_deploy_{run}", f"diffq-deploy-{run}"
     database_url = services.create_database(db_name)
     broker_url = services.create_vhost(vhost)
+    # The deployment reaches RabbitMQ through a proxy whose link the end of the test cuts.
+    parts = urlsplit(broker_url)
+    proxy = FaultProxy(parts.port or 5672).start()
+    broker_url = urlunsplit(parts._replace(netloc=f"{parts.netloc.rsplit(':', 1)[0]}:{proxy.port}"))
     s3 = stack.s3.env("unused")
     secrets = {
         "DIFFQ_DATABASE_URL": database_url,
@@ -162,6 +169,8 @@ def _run_deployment(source: str, stack, tmp_path) -> None:
         workloads = compose_workloads(variables)
         model_files = [m.files["models.toml"] for w in workloads for m in w.mounts if m.files]
     else:
+        if shutil.which("kubectl") is None:
+            pytest.skip("kubectl is not installed: cannot render the Kubernetes overlays")
         docs = kustomize("production")
         workloads = kubernetes_workloads(docs)
         model_files = [d["data"]["models.toml"] for d in docs if d["kind"] == "ConfigMap"]
@@ -275,12 +284,34 @@ def _run_deployment(source: str, stack, tmp_path) -> None:
             if r not in by_role["migrate"]
         }
         phase("flower + probes")
+
+        # The broker goes away: the API stays ready and accepts jobs (the outbox keeps
+        # them), and the workers stay alive, waiting for it, instead of being restarted.
+        proxy.down()
+        for role in by_role["worker"] + by_role["webhooks"]:
+            _wait(
+                lambda h=_liveness_url(role): (
+                    requests.get(h, timeout=5).json()["state"] == "reconnecting"
+                ),
+                f"{role.workload.name} noticing the broker is gone",
+                60,
+                processes,
+            )
+            assert _probe_ok(role), role.workload.name  # liveness still 200
+        ready = requests.get(f"{api_url}/readyz", timeout=10)
+        assert ready.status_code == 200 and ready.json()["checks"]["broker"] != "ok", ready.text
+        assert (
+            submit(api_url, key, prompt="while the broker is away", steps=2)["status"] == "queued"
+        )
+        proxy.up()
+        phase("broker outage")
         print(
             f"\n{source}: {len(roles)} workloads, job succeeded + signed webhook, cancel "
             f"delivered; seconds since start: {phases}; probes: {answered}"
         )
     finally:
         receiver.stop()
+        proxy.up()
         for process in processes:  # all at once, then wait for each
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
@@ -290,6 +321,7 @@ def _run_deployment(source: str, stack, tmp_path) -> None:
         print(f"{source}: stopped at {phases['stopped']}s")
         services.drop_database(db_name)
         services.delete_vhost(vhost)
+        proxy.stop()
 
 
 @pytest.mark.parametrize("source", ["compose", "kubernetes"])

@@ -173,3 +173,29 @@ def test_high_priority_jobs_go_to_the_high_priority_queue(tmp_path):
         queues_for(catalog, None, ["gpu.other"])
     plain = dataclasses.replace(spec, high_priority_queue="")
     assert plain.queue_for("high") == "gpu.sdxl"
+
+
+def test_a_high_priority_submit_is_stored_on_the_high_priority_queue(
+    stack, db, tenant_key, tmp_path
+):
+    from app.db.models import Job
+
+    models = tmp_path / "models.toml"
+    models.write_text(
+        f'[models.tiny]\npath = "{stack.tiny_model}"\nqueue = "gpu.tiny"\n'
+        f'high_priority_queue = "gpu.tiny.high"\ndtype = "float32"\n'
+    )
+    client = _app(DIFFQ_MODELS_FILE=str(models)).test_client()
+    queues = {}
+    for priority in ("high", "normal"):
+        response = client.post(
+            "/v1/jobs",
+            json={"prompt": "p", "priority": priority, "steps": 2},
+            headers={"Authorization": f"Bearer {tenant_key}"},
+        )
+        assert response.status_code == 202, response.json
+        with db.session() as session:
+            job = session.get(Job, uuid.UUID(response.json["id"]))
+            queues[priority] = job.queue
+            job.status = JobStatus.CANCELED  # nothing consumes these queues here
+    assert queues == {"high": "gpu.tiny.high", "normal": "gpu.tiny"}

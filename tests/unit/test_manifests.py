@@ -89,6 +89,9 @@ def test_overlay_renders_and_validates_against_the_kubernetes_schemas(overlay):
             continue
         kubernetes_validate.validate(doc, version, strict=True)
         checked += 1
+    for extra in ("secret.example.yaml", "models-loader.yaml"):  # applied by hand (README)
+        for doc in yaml.safe_load_all((DEPLOY / "k8s" / extra).read_text()):
+            kubernetes_validate.validate(doc, version, strict=True)
     print(f"{overlay}: {checked} objects valid for Kubernetes {version}")
     assert all(d["metadata"].get("namespace") == "diffq" for d in docs)
     images = {c["image"] for d in of_kind(docs, "Deployment").values() for c in [container(d)]}
