@@ -8,6 +8,8 @@ exists to keep. The broker and the store are still reported, for people, not for
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor, wait
+
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
@@ -29,10 +31,24 @@ def _check(probe) -> str:
     return "ok"
 
 
-def _broker_probe() -> None:
-    publisher = services().publisher
+def _broker_probe(publisher) -> None:
     with publisher.celery.connection_for_write() as conn:
         conn.ensure_connection(max_retries=1, timeout=2)
+
+
+# Reported, not gating: they run beside each other and get REPORT_SECONDS, so that a hung
+# broker or store never makes the probe itself time out.
+REPORT_SECONDS = 2.0
+_reporters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="readyz")
+
+
+def _reported(probes: dict) -> dict[str, str]:
+    futures = {name: _reporters.submit(_check, probe) for name, probe in probes.items()}
+    done, _ = wait(futures.values(), timeout=REPORT_SECONDS)
+    return {
+        name: future.result() if future in done else "unavailable (timeout)"
+        for name, future in futures.items()
+    }
 
 
 @blp.route("/healthz")
@@ -83,8 +99,9 @@ class Ready(MethodView):
             "schema": _check(lambda: schema_at_head(svc.db.engine))
             if database == "ok"
             else "unknown",
-            "broker": _check(_broker_probe),
-            "storage": _check(svc.storage.check),
+            **_reported(
+                {"broker": lambda: _broker_probe(svc.publisher), "storage": svc.storage.check}
+            ),
         }
         ready = all(checks[name] == "ok" for name in GATING)
         body = {"status": "ready" if ready else "unavailable", "required": list(GATING)}
