@@ -52,9 +52,7 @@ def test_submit_shows_progress_then_the_image_and_downloads_it(visit, worker, te
     _fill(page, prompt="a lighthouse at dusk", width=96, height=64, steps=20, seed=7)
     page.click("#submit-job")
     image = page.wait_for_selector("#job-images img")
-    assert (
-        page.eval_on_selector("#job-images img", "img => img.complete && img.naturalWidth") == 96
-    )
+    assert page.eval_on_selector("#job-images img", "img => img.complete && img.naturalWidth") == 96
     assert page.text_content("#job-state").startswith("Succeeded")
     seen = page.evaluate("window.progressSeen")
     steps = [v for v in seen if 0 < v < 100]
