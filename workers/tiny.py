@@ -73,21 +73,25 @@ def build_tiny_pipeline(seed: int = 0):
     unet = UNet2DConditionModel(
         block_out_channels=(32, 64),
         layers_per_block=1,
-        sample_size=32,
+        sample_size=8,
         in_channels=4,
         out_channels=4,
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
         cross_attention_dim=32,
     )
+    # Four blocks, so three downsamplings: latents are 1/8 of the image per side, as in
+    # every Stable Diffusion VAE. The UNet then works on (pixels / 64) positions, and its
+    # cost and the VAE's grow with the pixels rather than with their square.
     vae = AutoencoderKL(
-        block_out_channels=[32, 64],
+        block_out_channels=[16, 32, 64, 64],
         in_channels=3,
         out_channels=3,
-        down_block_types=["DownEncoderBlock2D", "DownEncoderBlock2D"],
-        up_block_types=["UpDecoderBlock2D", "UpDecoderBlock2D"],
+        down_block_types=["DownEncoderBlock2D"] * 4,
+        up_block_types=["UpDecoderBlock2D"] * 4,
         latent_channels=4,
-        sample_size=128,
+        norm_num_groups=8,
+        sample_size=64,
     )
     scheduler = DDIMScheduler(
         beta_start=0.00085,

@@ -29,8 +29,6 @@ def create_app(settings: Settings | None = None) -> Flask:
         OPENAPI_VERSION="3.0.3",
         OPENAPI_URL_PREFIX="/",
         OPENAPI_JSON_PATH="openapi.json",
-        OPENAPI_SWAGGER_UI_PATH="/docs",
-        OPENAPI_SWAGGER_UI_URL="https://cdn.jsdelivr.net/npm/swagger-ui-dist/",
         API_SPEC_OPTIONS=spec_options(),
         MAX_CONTENT_LENGTH=settings.max_body_bytes,
     )
@@ -55,9 +53,12 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.web.resources.jobs.events import blp as events_blp
     from app.web.resources.jobs.routes import blp as jobs_blp
     from app.web.resources.jobs.webhooks import blp as webhooks_blp
+    from app.web.resources.models.routes import blp as models_blp
+    from app.web.ui.routes import blp as ui_blp
 
-    for blueprint in (jobs_blp, events_blp, webhooks_blp, health_blp, files_blp):
+    for blueprint in (jobs_blp, events_blp, webhooks_blp, models_blp, health_blp, files_blp):
         api.register_blueprint(blueprint)
+    app.register_blueprint(ui_blp)  # the page and /docs: HTML, not part of the API document
     register_error_handlers(app, api)
     install_metrics(app, app.extensions["diffq"])
     app.teardown_appcontext(close_request_session)

@@ -14,6 +14,7 @@ import pytest
 import requests
 from PIL import Image
 
+from app.catalog import tiny_spec
 from tests.support.jobs import auth, submit, wait_terminal
 from tests.support.ports import free_port
 
@@ -41,6 +42,20 @@ def _wait_banner(process: subprocess.Popen, log_path, timeout: float = 120) -> s
             raise AssertionError(f"diffq up exited {process.returncode}:\n{text[-3000:]}")
         time.sleep(0.2)
     raise AssertionError(f"no banner after {timeout}s:\n{log_path.read_text()[-3000:]}")
+
+
+def _largest_size_finishes_inside_its_limit(url: str, key: str, spec) -> None:
+    """The page offers every size the embedded catalog accepts: the largest must finish."""
+    job = submit(url, key, prompt="the largest size", width=spec.max_width, height=spec.max_height)
+    done = wait_terminal(url, key, job["id"], timeout=spec.time_limit + 30)
+    run = done["metrics"]["run_seconds"]
+    print(
+        f"embedded {spec.max_width}x{spec.max_height} at {done['input']['steps']} steps: "
+        f"{done['status']} in {run} s (soft limit {spec.soft_time_limit} s)"
+    )
+    assert done["status"] == "succeeded", done
+    assert done["input"]["steps"] == spec.default_steps
+    assert done["result"]["images"][0]["width"] == spec.max_width
 
 
 def test_diffq_up_runs_a_job_end_to_end_without_servers(tmp_path):
@@ -74,6 +89,7 @@ def test_diffq_up_runs_a_job_end_to_end_without_servers(tmp_path):
         )
         assert redirect.status_code == 302
         home = tmp_path / ".diffq"
+        _largest_size_finishes_inside_its_limit(url, key, tiny_spec(home / "models" / "tiny"))
         assert (home / "diffq.sqlite3").is_file()
         assert list((home / "images").rglob("0.png"))
         assert "amqp://" not in log_path.read_text()

@@ -1,0 +1,106 @@
+"""How long a job of a given size would take on a model, asked before it is submitted.
+
+The queue's ETA (app/jobs/queue_info.py) charges steps x images; a form that offers
+sizes from 64 to 1024 pixels a side needs the size too. Here one unit of work is one
+denoising step of one 512 x 512 image, so a 1024 x 1024 step is four units: with a VAE
+that downsamples by 8 (every Stable Diffusion VAE), the work grows with the pixels. The
+same fit (fixed + per unit) is made to the model's recent successes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.db.models import Job
+from app.db.types import utcnow
+from app.jobs.queue_info import RECENT_JOBS, CostModel, fit
+from app.jobs.states import JobStatus
+
+REFERENCE_PIXELS = 512 * 512
+# Queued jobs read to price the queue; beyond this the rest are priced at their mean.
+QUEUE_SAMPLE = 500
+
+
+def work(params: dict[str, Any]) -> float:
+    """Units of work in a normalized request: steps x images x (pixels / 512^2)."""
+    pixels = int(params.get("width", 512)) * int(params.get("height", 512))
+    count = max(1, int(params.get("steps", 1))) * max(1, int(params.get("num_images", 1)))
+    return count * pixels / REFERENCE_PIXELS
+
+
+@dataclass(frozen=True)
+class Estimate:
+    run_seconds: float | None  # None until the model has finished a job
+    queue_seconds: float | None  # until a worker would take it, at normal priority
+    queued: int  # jobs waiting on the model's queue now
+    running: int  # jobs running on it now
+    samples: int  # finished jobs the fit is made from
+
+
+def size_cost_model(session: Session, model: str) -> tuple[CostModel | None, int]:
+    rows = session.execute(
+        select(Job.input, Job.started_at, Job.finished_at)
+        .where(Job.model == model, Job.status == JobStatus.SUCCEEDED)
+        .order_by(Job.finished_at.desc())
+        .limit(RECENT_JOBS)
+    ).all()
+    samples = [
+        (work(params or {}), (finished - started).total_seconds())
+        for params, started, finished in rows
+        if started and finished
+    ]
+    return fit(samples), len(samples)
+
+
+def _left(cost: CostModel, params: dict, progress: dict | None, elapsed: float) -> float:
+    """A running job's time left: its own pace once it is denoising, else the fit."""
+    progress = progress or {}
+    step, total = progress.get("step", 0), progress.get("total_steps", 0)
+    if progress.get("stage") == "denoising" and 0 < step < total:
+        return elapsed * (total - step) / step
+    return max(0.0, cost.seconds(work(params)) - elapsed)
+
+
+def estimate(session: Session, model: str, queue: str, params: dict[str, Any]) -> Estimate:
+    cost, samples = size_cost_model(session, model)
+    queued_inputs = (
+        session.execute(
+            select(Job.input)
+            .where(Job.queue == queue, Job.status == JobStatus.QUEUED)
+            .limit(QUEUE_SAMPLE)
+        )
+        .scalars()
+        .all()
+    )
+    queued = len(queued_inputs)
+    if queued == QUEUE_SAMPLE:
+        queued = session.scalar(
+            select(func.count()).where(Job.queue == queue, Job.status == JobStatus.QUEUED)
+        )
+    running = session.execute(
+        select(Job.input, Job.started_at, Job.progress).where(
+            Job.queue == queue, Job.status == JobStatus.RUNNING
+        )
+    ).all()
+    if cost is None:
+        return Estimate(None, None, queued, len(running), samples)
+    seen = [cost.seconds(work(params or {})) for params in queued_inputs]
+    waiting = sum(seen) + (queued - len(seen)) * (sum(seen) / len(seen) if seen else 0.0)
+    now = utcnow()
+    left = sum(
+        _left(cost, params or {}, progress, (now - started).total_seconds())
+        for params, started, progress in running
+        if started
+    )
+    workers = max(1, len(running))
+    return Estimate(
+        run_seconds=round(cost.seconds(work(params)), 1),
+        queue_seconds=round((waiting + left) / workers, 1),
+        queued=queued,
+        running=len(running),
+        samples=samples,
+    )

@@ -1,0 +1,88 @@
+"""Catalog and estimate schemas."""
+
+from __future__ import annotations
+
+import marshmallow as ma
+from marshmallow import fields
+
+LIMIT_FIELDS = (
+    "min_size",
+    "max_width",
+    "max_height",
+    "max_pixels",
+    "size_multiple",
+    "default_width",
+    "default_height",
+    "max_steps",
+    "default_steps",
+    "max_guidance",
+    "default_guidance",
+    "max_num_images",
+    "max_prompt_chars",
+    "soft_time_limit",
+)
+
+
+class ModelSchema(ma.Schema):
+    name = fields.String(metadata={"description": "The value of a job's `model`."})
+    default = fields.Boolean(metadata={"description": "Used when a job names no model."})
+    limits = fields.Dict(
+        keys=fields.String(),
+        metadata={
+            "description": "What a job on this model may ask: "
+            + ", ".join(f"`{name}`" for name in LIMIT_FIELDS)
+            + " (seconds a job may run). A job beyond any of them is a 422 naming the field.",
+            "example": {
+                "min_size": 64,
+                "max_width": 512,
+                "max_height": 512,
+                "max_pixels": 262144,
+                "size_multiple": 8,
+                "default_width": 64,
+                "default_height": 64,
+                "max_steps": 50,
+                "default_steps": 8,
+                "max_guidance": 30.0,
+                "default_guidance": 7.5,
+                "max_num_images": 4,
+                "max_prompt_chars": 2000,
+                "soft_time_limit": 120,
+            },
+        },
+    )
+    schedulers = fields.List(fields.String(), metadata={"example": ["default", "ddim", "euler"]})
+
+
+class ModelListSchema(ma.Schema):
+    data = fields.List(fields.Nested(ModelSchema))
+    default_model = fields.String(metadata={"example": "tiny"})
+
+
+class EstimateQuerySchema(ma.Schema):
+    width = fields.Integer(metadata={"description": "Pixels; the model's default if absent."})
+    height = fields.Integer(metadata={"description": "Pixels; the model's default if absent."})
+    steps = fields.Integer(metadata={"description": "The model's default if absent."})
+    num_images = fields.Integer(metadata={"description": "1 if absent."})
+
+
+class EstimateSchema(ma.Schema):
+    model = fields.String(metadata={"example": "tiny"})
+    run_seconds = fields.Float(
+        allow_none=True,
+        metadata={
+            "description": "Expected running time, fitted to the model's recent successes "
+            "(fixed + per unit, a unit being one step of one 512x512 image). Null until the "
+            "model has finished a job.",
+            "example": 4.2,
+        },
+    )
+    queue_seconds = fields.Float(
+        allow_none=True,
+        metadata={
+            "description": "Expected wait before a worker takes a normal-priority job now.",
+            "example": 0.0,
+        },
+    )
+    queued = fields.Integer(metadata={"description": "Jobs waiting on the model's queue."})
+    running = fields.Integer(metadata={"description": "Jobs running on it."})
+    samples = fields.Integer(metadata={"description": "Finished jobs the fit is made from."})

@@ -1,0 +1,1 @@
+"""The browser page at /ui and the offline interactive docs at /docs."""

@@ -1,0 +1,188 @@
+// The job being watched: its state, a progress bar per step, cancel, and its images.
+import { api, ApiError } from "./api.js";
+import { seconds } from "./form.js";
+import { follow } from "./stream.js";
+
+const $ = (id) => document.getElementById(id);
+const TERMINAL = new Set(["succeeded", "failed", "canceled"]);
+const STAGES = {
+  queued: "Queued",
+  loading: "Loading the model",
+  encoding_prompt: "Reading the prompt",
+  denoising: "Denoising",
+  decoding: "Decoding",
+  uploading: "Saving the images",
+  done: "Done",
+};
+
+let current = null; // the job shown
+let watching = null; // AbortController of its stream
+let onFinished = () => {};
+
+export function onJobFinished(callback) {
+  onFinished = callback;
+}
+
+export function currentJob() {
+  return current;
+}
+
+function stateText(job, progress) {
+  if (job.status === "queued") {
+    const position = progress.queue_position ?? job.queue_position;
+    const eta = progress.eta_seconds ?? job.eta_seconds;
+    const ahead = position ? `${position} ahead` : "next in line";
+    const when = eta === null || eta === undefined ? "" : `, starts in about ${seconds(eta)}`;
+    return `Queued: ${ahead}${when}.`;
+  }
+  if (job.status === "running") {
+    const stage = STAGES[progress.stage] || "Running";
+    if (progress.stage === "denoising" && progress.total_steps) {
+      return `Running: ${stage.toLowerCase()}, step ${progress.step} of ${progress.total_steps}.`;
+    }
+    return `Running: ${stage.toLowerCase()}.`;
+  }
+  if (job.status === "succeeded") {
+    if (job.data_removed) return "Succeeded; its images were removed after the retention period (410).";
+    const took = job.metrics && job.metrics.run_seconds;
+    return took ? `Succeeded in ${took.toFixed(1)} s.` : "Succeeded.";
+  }
+  const error = job.error || {};
+  if (job.status === "canceled") {
+    return error.code === "deadline"
+      ? "Canceled: it had not started before its deadline."
+      : "Canceled.";
+  }
+  return `Failed (${error.code || "error"}): ${error.message || "no message"}`;
+}
+
+function showProgress(job, progress) {
+  const bar = $("job-progress");
+  const percent = job.status === "succeeded" ? 100 : Number(progress.percent || 0);
+  bar.value = percent;
+  bar.textContent = `${Math.round(percent)}%`;
+  bar.dataset.step = progress.step || 0;
+  $("job-state").textContent = stateText(job, progress);
+  $("current").dataset.status = job.status;
+}
+
+async function download(url, name) {
+  try {
+    const response = await fetch(url);
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    const href = URL.createObjectURL(await response.blob());
+    const link = document.createElement("a");
+    link.href = href;
+    link.download = name;
+    document.body.append(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(href), 10000);
+  } catch {
+    window.open(url, "_blank", "noopener");
+  }
+}
+
+function caption(job, image) {
+  const input = job.input;
+  return (
+    `seed ${image.seed} · ${image.width}×${image.height} · ${input.steps} steps · ` +
+    `guidance ${input.guidance_scale} · ${job.model}`
+  );
+}
+
+function showImages(job) {
+  const box = $("job-images");
+  const images = (job.result && job.result.images) || [];
+  if (job.data_removed) {
+    box.replaceChildren();
+    return;
+  }
+  box.replaceChildren(
+    ...images.map((image, index) => {
+      const figure = document.createElement("figure");
+      const img = document.createElement("img");
+      img.src = image.url;
+      img.width = image.width;
+      img.height = image.height;
+      img.alt = `Image ${index + 1} of the job: ${job.input.prompt}`;
+      const text = document.createElement("figcaption");
+      text.textContent = caption(job, image);
+      const save = document.createElement("button");
+      save.type = "button";
+      save.className = "download";
+      save.textContent = "Download";
+      const extension = (image.content_type || "image/png").split("/")[1];
+      save.addEventListener("click", () =>
+        download(image.url, `diffq-${job.id}-${index}.${extension}`),
+      );
+      figure.append(img, text, save);
+      return figure;
+    }),
+  );
+}
+
+function render(job, progress) {
+  current = job;
+  $("current").hidden = false;
+  $("job-prompt").textContent = job.input.prompt;
+  const terminal = TERMINAL.has(job.status);
+  $("cancel-job").hidden = terminal;
+  $("same-again").hidden = !terminal;
+  $("new-seed").hidden = !terminal;
+  showProgress(job, progress || job.progress || {});
+  if (terminal) showImages(job);
+  else $("job-images").replaceChildren();
+}
+
+// Show `job` and follow its events until it finishes (or another job is shown).
+export function watch(job) {
+  if (watching) watching.abort();
+  const controller = new AbortController();
+  watching = controller;
+  render(job);
+  if (TERMINAL.has(job.status)) return;
+  let progress = job.progress || {};
+  follow(
+    job.urls.events,
+    (name, data) => {
+      if (controller.signal.aborted) return true;
+      if (name === "status") {
+        progress = data.progress || progress;
+        render(data, progress);
+        if (TERMINAL.has(data.status)) {
+          onFinished(data);
+          return true;
+        }
+      } else if (name === "progress") {
+        progress = data;
+        showProgress(current, progress);
+        if (current.status === "queued" && data.stage && data.stage !== "queued") {
+          current = { ...current, status: "running" };
+          render(current, progress);
+        }
+      }
+      return false;
+    },
+    controller.signal,
+  ).catch((error) => {
+    $("job-state").textContent = `Lost the job's updates: ${error.message}`;
+  });
+}
+
+export async function cancelCurrent() {
+  if (!current) return;
+  try {
+    const job = await api(`/v1/jobs/${current.id}/cancel`, { method: "POST" });
+    render(job);
+    onFinished(job);
+    if (watching) watching.abort();
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 409) {
+      const job = await api(`/v1/jobs/${current.id}`);
+      watch(job);
+    } else {
+      throw error;
+    }
+  }
+}
