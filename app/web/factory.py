@@ -55,8 +55,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.web.resources.jobs.events import blp as events_blp
     from app.web.resources.jobs.routes import blp as jobs_blp
     from app.web.resources.jobs.webhooks import blp as webhooks_blp
+    from app.web.resources.usage.routes import blp as usage_blp
 
-    for blueprint in (jobs_blp, events_blp, webhooks_blp, health_blp, files_blp):
+    for blueprint in (jobs_blp, events_blp, webhooks_blp, usage_blp, health_blp, files_blp):
         api.register_blueprint(blueprint)
     register_error_handlers(app, api)
     install_metrics(app, app.extensions["diffq"])
