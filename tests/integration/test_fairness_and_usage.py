@@ -151,3 +151,36 @@ def test_usage_adds_up_per_day_model_and_device_and_the_quota_frees_at_midnight(
     assert usage.price({"cpu": 0.5}, "cpu", 3.0) == 1.5
     assert usage.price({"*": 2.0}, "NVIDIA H200", 3.0) == 6.0
     assert usage.price({"cpu": 0.5}, "NVIDIA H200", 3.0) is None
+
+
+def test_operators_set_weight_and_quota_from_the_cli(stack, db):
+    import subprocess
+    import sys
+
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+
+    def diffq(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "app.cli", *args],
+            env=stack.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    created = diffq("keys", "create", "--tenant", name, "--weight", "3")
+    assert created.returncode == 0, created.stderr
+    changed = diffq("tenants", "set", name, "--daily-gpu-seconds", "3600")
+    assert changed.returncode == 0, changed.stderr
+    assert "weight 3" in changed.stdout and "quota 3600" in changed.stdout
+    with db.session() as session:
+        from sqlalchemy import select
+
+        tenant = session.scalar(select(Tenant).where(Tenant.name == name))
+        assert (tenant.weight, tenant.daily_gpu_seconds) == (3.0, 3600.0)
+    assert diffq("tenants", "set", name, "--no-quota").returncode == 0
+    refused = diffq("tenants", "set", name, "--weight", "0")
+    assert refused.returncode != 0 and "positive" in refused.stderr
+    with db.session() as session:
+        tenant = session.scalar(select(Tenant).where(Tenant.name == name))
+        assert (tenant.weight, tenant.daily_gpu_seconds) == (3.0, None)
