@@ -63,6 +63,23 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     return raw.strip().lower() in ("1", "true", "yes", "on")
 
 
+def _prices(env: Mapping[str, str], name: str) -> dict[str, float]:
+    """`device=price` pairs separated by `;` (device names hold commas and spaces)."""
+    raw = env.get(name) or ""
+    prices: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in raw.split(";"))):
+        device, sep, price = part.rpartition("=")
+        try:
+            if not sep or not device.strip():
+                raise ValueError
+            prices[device.strip()] = float(price)
+        except ValueError as exc:
+            raise ValueError(
+                f"{name} must be 'device=price' pairs separated by ';', got {part!r}"
+            ) from exc
+    return prices
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything diffq reads from its environment; see the README's configuration table."""
@@ -109,6 +126,11 @@ class Settings:
     max_queued: int  # queued jobs per tenant; 0: no cap
     max_running: int  # a tenant's jobs in flight (in the broker or running); 0: no cap
     result_retention: float  # seconds a succeeded job's images are kept; 0: forever
+    fair_share: bool  # the next job of a pool comes from the tenant with the least GPU time
+    fair_share_window: float  # seconds of recent GPU time that fair share compares
+    gpu_prices: dict[str, float]  # price of one GPU-second per device name ("*": any other)
+    price_currency: str
+    metrics_top_tenants: int  # tenants named in per-tenant metrics; the rest sum as "other"
 
     @property
     def embedded(self) -> bool:
@@ -192,4 +214,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_queued=_int(env, "DIFFQ_MAX_QUEUED", 1000),
         max_running=_int(env, "DIFFQ_MAX_RUNNING", 0),
         result_retention=_float(env, "DIFFQ_RESULT_RETENTION", 30 * 86400.0),
+        fair_share=_bool(env, "DIFFQ_FAIR_SHARE", True),
+        fair_share_window=_float(env, "DIFFQ_FAIR_SHARE_WINDOW", 600.0),
+        gpu_prices=_prices(env, "DIFFQ_GPU_PRICES"),
+        price_currency=env.get("DIFFQ_PRICE_CURRENCY") or "USD",
+        metrics_top_tenants=_int(env, "DIFFQ_METRICS_TOP_TENANTS", 10),
     )

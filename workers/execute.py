@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -13,10 +14,12 @@ from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from app import usage
 from app.db.models import Job
-from app.jobs import transitions
+from app.db.types import utcnow
+from app.jobs import fairness, transitions
 from app.jobs.payload import InvalidPayload, parse_payload
-from app.jobs.states import ErrorCode
+from app.jobs.states import ErrorCode, JobStatus
 from app.logs import job_context
 from app.metrics.instruments import (
     GENERATION_DURATION,
@@ -29,7 +32,7 @@ from app.storage.retry import put_with_retry
 from workers.encoding import encode_image
 from workers.generation import Interrupted, generate_images
 from workers.lease import LeaseKeeper
-from workers.pipelines import LoadedModel
+from workers.pipelines import LoadedModel, device_name
 from workers.progress import ProgressReporter
 from workers.runtime import WorkerRuntime
 
@@ -64,41 +67,31 @@ def execute_job(rt: WorkerRuntime, raw_payload: Any, *, redelivered: bool) -> Ou
         return Outcome(Verdict.DEAD_LETTER, f"invalid message: {exc}")
 
     with rt.db.session() as session:
-        claim = transitions.claim_job(
-            session,
-            payload.job_id,
-            owner=rt.owner,
-            redelivered=redelivered,
-            max_attempts=rt.settings.max_attempts,
-            lease_seconds=rt.settings.lease_seconds,
-        )
+        claim = _claim(rt, session, payload.job_id, redelivered=redelivered)
         kind = claim.kind
         if kind == transitions.ClaimKind.EXHAUSTED:
             assert claim.job is not None
-            message = (
-                f"gave up after {claim.job.attempts} attempts: each ended without an outcome "
-                "(the worker was lost or the job exceeded its hard time limit)"
-            )
-            if transitions.finish_failed(
-                session, payload.job_id, code=ErrorCode.DEAD_LETTERED, message=message
-            ):
-                _count_failed(claim.job, ErrorCode.DEAD_LETTERED)
-    log_extra = {"job_id": str(payload.job_id), "tenant": str(payload.tenant)}
+            _give_up(session, claim.job)
+    job_id = claim.job.id if claim.job is not None else payload.job_id
+    log_extra = {"job_id": str(job_id), "tenant": str(payload.tenant)}
     if claim.job is not None:
         log_extra["attempt"] = str(claim.job.attempts)
     if kind == transitions.ClaimKind.EXHAUSTED:
-        log.error("job %s dead-lettered: attempt cap reached", payload.job_id, extra=log_extra)
+        log.error("job %s dead-lettered: attempt cap reached", job_id, extra=log_extra)
         return Outcome(Verdict.DEAD_LETTER, "attempt cap reached")
     if kind != transitions.ClaimKind.CLAIMED:
         status = claim.job.status.value if claim.job is not None else "absent"
-        log.info("job %s not run: %s (%s)", payload.job_id, kind, status, extra=log_extra)
+        log.info("job %s not run: %s (%s)", job_id, kind, status, extra=log_extra)
         return Outcome(Verdict.ACK, f"{kind}: {status}")
     assert claim.job is not None
     log.info(
-        "job %s claimed (attempt %d%s)",
+        "job %s claimed (attempt %d%s%s)",
         claim.job.id,
         claim.job.attempts,
         ", redelivered" if redelivered else "",
+        f", on the message of job {payload.job_id} (fair share)"
+        if job_id != payload.job_id
+        else "",
         extra=log_extra,
     )
     rt.start_job(claim.job.id)
@@ -109,6 +102,65 @@ def execute_job(rt: WorkerRuntime, raw_payload: Any, *, redelivered: bool) -> Ou
     finally:
         rt.end_job()
         WORKER_BUSY.labels(rt.name).inc(time.perf_counter() - held_since)
+
+
+def _claim(
+    rt: WorkerRuntime, session: Session, message_job_id: uuid.UUID, *, redelivered: bool
+) -> transitions.Claim:
+    """Claim the job this message should start (see app/jobs/fairness.py): the run that a
+    redelivered message had started, a fairer tenant's waiting job, or its own job."""
+    claim_args = {
+        "owner": rt.owner,
+        "redelivered": redelivered,
+        "max_attempts": rt.settings.max_attempts,
+        "lease_seconds": rt.settings.lease_seconds,
+    }
+    started = transitions.run_started_by(session, message_job_id) if redelivered else None
+    if started is not None:  # its worker died: take the run over
+        claim = transitions.claim_job(session, started, permit_id=message_job_id, **claim_args)
+        if claim.kind == transitions.ClaimKind.CLAIMED:
+            return claim
+        if claim.kind == transitions.ClaimKind.EXHAUSTED and claim.job is not None:
+            _give_up(session, claim.job)
+    job = session.get(Job, message_job_id)
+    if job is None:
+        return transitions.Claim(transitions.ClaimKind.MISSING)
+    if job.status != JobStatus.QUEUED and job.permit_id is not None:
+        # Its job ran on another job's message: this message is that job's permit.
+        chosen = fairness.choose(session, job, utcnow(), rt.settings.fair_share_window)
+        if chosen is None:
+            kind = (
+                transitions.ClaimKind.FINISHED
+                if job.status.terminal
+                else transitions.ClaimKind.BUSY
+            )
+            return transitions.Claim(kind, job)
+        claim = transitions.claim_job(session, chosen, permit_id=message_job_id, **claim_args)
+        if claim.kind == transitions.ClaimKind.EXHAUSTED and claim.job is not None:
+            _give_up(session, claim.job)
+        return (
+            claim
+            if claim.kind == transitions.ClaimKind.CLAIMED
+            else transitions.Claim(transitions.ClaimKind.BUSY, job)
+        )
+    if rt.settings.fair_share and job.status == JobStatus.QUEUED:
+        chosen = fairness.choose(session, job, utcnow(), rt.settings.fair_share_window)
+        if chosen is not None and chosen != message_job_id:
+            claim = transitions.claim_job(session, chosen, permit_id=message_job_id, **claim_args)
+            if claim.kind == transitions.ClaimKind.CLAIMED:
+                return claim
+            if claim.kind == transitions.ClaimKind.EXHAUSTED and claim.job is not None:
+                _give_up(session, claim.job)
+    return transitions.claim_job(session, message_job_id, **claim_args)
+
+
+def _give_up(session: Session, job: Job) -> None:
+    message = (
+        f"gave up after {job.attempts} attempts: each ended without an outcome "
+        "(the worker was lost or the job exceeded its hard time limit)"
+    )
+    if transitions.finish_failed(session, job.id, code=ErrorCode.DEAD_LETTERED, message=message):
+        _count_failed(job, ErrorCode.DEAD_LETTERED)
 
 
 def _record(rt: WorkerRuntime, write: Callable[[Session], T]) -> T:
@@ -197,8 +249,10 @@ def _generate_and_store(
     try:
         if not reporter.stage("encoding_prompt", 0, steps):
             return Outcome(Verdict.ACK, "job no longer held before generation")
+        pipeline_started = time.perf_counter()
         images = generate_images(model.pipeline, params, device=model.device, on_step=reporter.step)
         generated = time.perf_counter()
+        charge = usage.Charge(generated - pipeline_started, device_name(model.device), len(images))
         reporter.stage("uploading", steps, steps)
         uploaded = _encode_and_upload(rt, job, images, params)
     except Interrupted:
@@ -223,7 +277,11 @@ def _generate_and_store(
     recorded = _record(
         rt,
         lambda session: transitions.finish_succeeded(
-            session, job.id, owner=rt.owner, result={"images": uploaded, "steps": steps}
+            session,
+            job.id,
+            owner=rt.owner,
+            result={"images": uploaded, "steps": steps},
+            charge=charge,
         ),
     )
     elapsed = time.perf_counter() - started

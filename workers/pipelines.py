@@ -65,6 +65,15 @@ def preimport_components(spec: ModelSpec) -> None:
             getattr(importlib.import_module(library), class_name, None)
 
 
+def device_name(device: str) -> str:
+    """What usage and prices call the device: the GPU's product name, or "cpu"."""
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return device.split(":")[0]
+
+
 def load_model(spec: ModelSpec, device: str) -> LoadedModel:
     import torch
     import transformers

@@ -1,4 +1,5 @@
-"""Administration: `diffq db upgrade`, `diffq keys create`, `diffq model build-tiny`."""
+"""Administration: `diffq db upgrade`, `diffq keys create`, `diffq tenants set`,
+`diffq model build-tiny`."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ def register(commands) -> None:
     create = key_commands.add_parser("create", help="create a key (printed once, stored hashed)")
     create.add_argument("--tenant", required=True, help="tenant name (created if new)")
     create.add_argument("--label", help="a note to recognise the key by")
+    _tenant_options(create)
     create.set_defaults(handler=keys_create)
     listing = key_commands.add_parser("list", help="keys of a tenant (ids and labels, no secrets)")
     listing.add_argument("--tenant", required=True)
@@ -25,6 +27,18 @@ def register(commands) -> None:
     revoke = key_commands.add_parser("revoke", help="revoke a key: it answers 401 at once")
     revoke.add_argument("key_id", help="the id `keys list` shows (dq_<id>_…)")
     revoke.set_defaults(handler=keys_revoke)
+
+    tenants = commands.add_parser("tenants", help="tenants' fair-share weight and GPU quota")
+    tenant_commands = tenants.add_subparsers(
+        dest="tenants_command", required=True, metavar="ACTION"
+    )
+    show = tenant_commands.add_parser("show", help="a tenant's weight, quota and use today")
+    show.add_argument("tenant")
+    show.set_defaults(handler=tenants_show)
+    update = tenant_commands.add_parser("set", help="change a tenant's weight or quota")
+    update.add_argument("tenant")
+    _tenant_options(update)
+    update.set_defaults(handler=tenants_set)
 
     secret = commands.add_parser("webhook-secret", help="a tenant's webhook signing secret")
     secret.add_argument("--tenant", required=True)
@@ -46,6 +60,67 @@ def register(commands) -> None:
     tiny.set_defaults(handler=model_build_tiny)
 
 
+def _positive(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {raw}")
+    return value
+
+
+def _tenant_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--weight",
+        type=_positive,
+        help="fair-share weight: twice the weight, twice the GPU time when pools are busy "
+        "(default 1)",
+    )
+    quota = parser.add_mutually_exclusive_group()
+    quota.add_argument(
+        "--daily-gpu-seconds",
+        type=_positive,
+        help="quota: GPU-seconds a UTC day; submits past it answer 429 until midnight UTC",
+    )
+    quota.add_argument("--no-quota", action="store_true", help="remove the daily quota")
+
+
+def _apply_tenant_options(tenant, args: argparse.Namespace) -> None:
+    if args.weight is not None:
+        tenant.weight = args.weight
+    if args.daily_gpu_seconds is not None:
+        tenant.daily_gpu_seconds = args.daily_gpu_seconds
+    if args.no_quota:
+        tenant.daily_gpu_seconds = None
+
+
+def tenants_set(args: argparse.Namespace) -> int:
+    from app.db.session import Database
+
+    db = Database(load_settings().database_url, pool_size=1)
+    with db.session() as session:
+        tenant = _tenant(session, args.tenant)
+        _apply_tenant_options(tenant, args)
+    db.dispose()
+    return tenants_show(args)
+
+
+def tenants_show(args: argparse.Namespace) -> int:
+    from app import usage
+    from app.db.session import Database
+    from app.db.types import utcnow
+
+    db = Database(load_settings().database_url, pool_size=1)
+    with db.session() as session:
+        tenant = _tenant(session, args.tenant)
+        used = usage.used_on(session, tenant.id, utcnow().date())
+        quota = "none" if tenant.daily_gpu_seconds is None else f"{tenant.daily_gpu_seconds:g}"
+        print(
+            f"tenant {tenant.name}: weight {tenant.weight:g}; "
+            f"daily GPU-second quota {quota}; used today (UTC) {used:.1f}"
+        )
+    db.dispose()
+    return 0
+
+
 def db_upgrade(_args: argparse.Namespace) -> int:
     from app.db.migrate import upgrade
 
@@ -62,6 +137,7 @@ def keys_create(args: argparse.Namespace) -> int:
     db = Database(load_settings().database_url, pool_size=1)
     with db.session() as session:
         tenant = get_or_create_tenant(session, args.tenant)
+        _apply_tenant_options(tenant, args)
         key = create_key(session, tenant, args.label)
     db.dispose()
     print(key)

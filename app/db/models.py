@@ -5,11 +5,23 @@ from __future__ import annotations
 import base64
 import secrets
 import uuid
-from datetime import datetime
+from datetime import date, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Enum, ForeignKey, Index, Integer, SmallInteger, String, Text, Uuid, text
+from sqlalchemy import (
+    Date,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    SmallInteger,
+    String,
+    Text,
+    Uuid,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.db.base import Base
@@ -46,6 +58,11 @@ class Tenant(Base):
     webhook_secret: Mapped[str | None] = mapped_column(String(80), default=new_webhook_secret)
     webhook_secret_previous: Mapped[str | None] = mapped_column(String(80))
     webhook_secret_previous_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Fair share: a tenant with weight 2 gets twice the GPU time of one with weight 1
+    # when both have jobs waiting on the same model pool.
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default=text("1"))
+    # Quota: GPU-seconds a day (UTC); None means no quota.
+    daily_gpu_seconds: Mapped[float | None] = mapped_column(Float)
 
     keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant")
 
@@ -97,6 +114,15 @@ class Job(Base):
             "finished_at",
             postgresql_where=text("status = 'succeeded'"),
             sqlite_where=text("status = 'succeeded'"),
+        ),
+        # Fair share: GPU time a model pool's tenants used recently.
+        Index("ix_jobs_queue_finished", "queue", "finished_at"),
+        # A redelivered message finds the job it was running (fair share may run another).
+        Index(
+            "ix_jobs_permit",
+            "permit_id",
+            postgresql_where=text("status = 'running'"),
+            sqlite_where=text("status = 'running'"),
         ),
         # One job per (tenant, Idempotency-Key).
         Index("uq_jobs_tenant_id_idempotency_key", "tenant_id", "idempotency_key", unique=True),
@@ -171,6 +197,12 @@ class Job(Base):
     # Set when the job may go to the broker: at once, or (over its tenant's cap of jobs
     # in flight, DIFFQ_MAX_RUNNING) when the relay releases it. Held jobs stay here.
     admitted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Cost: device seconds inside the pipeline call, and the device's name.
+    gpu_seconds: Mapped[float | None] = mapped_column(Float)
+    device: Mapped[str | None] = mapped_column(String(100))
+    # The job id of the message this run was started by, when fair share ran this job on
+    # another job's message (that message's redelivery takes this run over).
+    permit_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
 
 
 class WebhookEvent(Base):
@@ -227,3 +259,20 @@ class RequestCount(Base):
     key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     window_start: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
     count: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class DailyUsage(Base):
+    """GPU time, jobs and images per tenant, UTC day, model and device: what usage and
+    quotas read. Kept apart from jobs, so that purging old jobs keeps the accounts."""
+
+    __tablename__ = "daily_usage"
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    model: Mapped[str] = mapped_column(String(100), primary_key=True)
+    device: Mapped[str] = mapped_column(String(100), primary_key=True)
+    gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    jobs: Mapped[int] = mapped_column(Integer, default=0)
+    images: Mapped[int] = mapped_column(Integer, default=0)

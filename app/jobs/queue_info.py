@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Job
 from app.db.types import utcnow
+from app.jobs import fairness
 from app.jobs.states import JobStatus
 
 RECENT_JOBS = 20
@@ -78,18 +79,17 @@ def _remaining(cost: CostModel, units: int, progress: dict | None, elapsed: floa
     return max(0.0, cost.seconds(units) - elapsed)
 
 
-def queue_info(session: Session, job: Job) -> QueueInfo:
-    ahead = and_(
-        Job.queue == job.queue,
-        Job.status == JobStatus.QUEUED,
-        or_(
-            Job.publish_priority > job.publish_priority,
-            and_(Job.publish_priority == job.publish_priority, Job.id < job.id),
-        ),
-    )
-    position, units_ahead = session.execute(
-        select(func.count(), func.coalesce(func.sum(Job.work_units), 0)).where(ahead)
-    ).one()
+def fair_window(settings) -> float | None:
+    """The window that fair share compares, or None when fair share is off."""
+    return settings.fair_share_window if settings.fair_share else None
+
+
+def queue_info(session: Session, job: Job, fair_window: float | None = None) -> QueueInfo:
+    """With `fair_window` (fair share on), the position follows the tenants' turns."""
+    if fair_window is not None:
+        position, units_ahead = fairness.position(session, job, utcnow(), fair_window)
+    else:
+        position, units_ahead = _fifo_position(session, job)
     cost = cost_model(session, job.model)
     if cost is None:
         return QueueInfo(position, None)
@@ -108,3 +108,18 @@ def queue_info(session: Session, job: Job) -> QueueInfo:
     # Jobs running now are the best count of workers on this queue (at least one).
     workers = max(1, len(running))
     return QueueInfo(position, round((waiting + remaining) / workers, 1))
+
+
+def _fifo_position(session: Session, job: Job) -> tuple[int, int]:
+    ahead = and_(
+        Job.queue == job.queue,
+        Job.status == JobStatus.QUEUED,
+        or_(
+            Job.publish_priority > job.publish_priority,
+            and_(Job.publish_priority == job.publish_priority, Job.id < job.id),
+        ),
+    )
+    count, units = session.execute(
+        select(func.count(), func.coalesce(func.sum(Job.work_units), 0)).where(ahead)
+    ).one()
+    return int(count), int(units)

@@ -11,9 +11,10 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, text, update
+from sqlalchemy import ColumnElement, func, select, text, update
 from sqlalchemy.orm import Session
 
+from app import usage
 from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs.notify import CANCEL_CHANNEL, JOB_CHANNEL, job_changed_payload, notify
@@ -84,6 +85,7 @@ def claim_job(
     redelivered: bool,
     max_attempts: int,
     lease_seconds: float,
+    permit_id: uuid.UUID | None = None,
 ) -> Claim:
     """Take a job for running, or say why not.
 
@@ -115,11 +117,19 @@ def claim_job(
         lease_owner=owner,
         lease_expires_at=now + timedelta(seconds=lease_seconds),
         progress=progress_of("loading", 0, job.input.get("steps", 0)),
+        permit_id=permit_id,
     )
     if not claimed:
         return Claim(ClaimKind.BUSY, job)
     session.refresh(job)
     return Claim(ClaimKind.CLAIMED, job)
+
+
+def run_started_by(session: Session, message_job_id: uuid.UUID) -> uuid.UUID | None:
+    """The running job that the message of `message_job_id` started for fair share."""
+    return session.scalar(
+        select(Job.id).where(Job.permit_id == message_job_id, Job.status == JobStatus.RUNNING)
+    )
 
 
 def record_progress(
@@ -148,10 +158,18 @@ def record_progress(
 
 
 def finish_succeeded(
-    session: Session, job_id: uuid.UUID, *, owner: str, result: dict[str, Any]
+    session: Session,
+    job_id: uuid.UUID,
+    *,
+    owner: str,
+    result: dict[str, Any],
+    charge: usage.Charge | None = None,
 ) -> bool:
+    """Record the result, and charge the tenant in the same transaction (or neither)."""
     steps = result.get("steps", 0)
-    return change(
+    now = utcnow()
+    cost = {"gpu_seconds": charge.gpu_seconds, "device": charge.device} if charge else {}
+    changed = change(
         session,
         job_id,
         Job.status == JobStatus.RUNNING,
@@ -159,10 +177,17 @@ def finish_succeeded(
         status=JobStatus.SUCCEEDED,
         result={"images": result["images"]},
         progress=progress_of("done", steps, steps),
-        finished_at=utcnow(),
+        finished_at=now,
         lease_owner=None,
         lease_expires_at=None,
+        **cost,
     )
+    if changed and charge is not None:
+        tenant_id, model = session.execute(
+            select(Job.tenant_id, Job.model).where(Job.id == job_id)
+        ).one()
+        usage.record(session, tenant_id, model, charge, now.date())
+    return changed
 
 
 def finish_failed(

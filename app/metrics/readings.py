@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import func, select
 
-from app.db.models import Job
+from app.db.models import DailyUsage, Job, Tenant
 from app.db.session import Database
 from app.db.types import utcnow
 from app.jobs.states import JobStatus
@@ -51,6 +51,55 @@ def job_gauges(db: Database, queues: Iterable[str]) -> list[GaugeMetricFamily]:
         oldest.add_metric([queue], max(0.0, age))
         running.add_metric([queue], seen.get((queue, JobStatus.RUNNING), (0, None))[0])
     return [depth, oldest, running]
+
+
+OTHER_TENANTS = "other"
+
+
+def tenant_usage(db: Database, top: int) -> list[CounterMetricFamily]:
+    """GPU-seconds, jobs and images per tenant since the start, read from daily usage.
+
+    Cardinality stays bounded: the `top` tenants by GPU time are named, the rest are
+    summed under tenant="other" (when a tenant climbs into the top, "other" drops by its
+    share once, which rate() reads as a counter reset).
+    """
+    families = {
+        "gpu_seconds": CounterMetricFamily(
+            "diffq_tenant_gpu_seconds",
+            "Device seconds of succeeded jobs, by tenant (top N, the rest as other)",
+            labels=["tenant"],
+        ),
+        "jobs": CounterMetricFamily(
+            "diffq_tenant_jobs", "Succeeded jobs, by tenant (top N)", labels=["tenant"]
+        ),
+        "images": CounterMetricFamily(
+            "diffq_tenant_images", "Images of succeeded jobs, by tenant (top N)", labels=["tenant"]
+        ),
+    }
+    with db.session() as session:
+        rows = session.execute(
+            select(
+                Tenant.name,
+                func.sum(DailyUsage.gpu_seconds),
+                func.sum(DailyUsage.jobs),
+                func.sum(DailyUsage.images),
+            )
+            .join(Tenant, Tenant.id == DailyUsage.tenant_id)
+            .group_by(Tenant.name)
+            .order_by(func.sum(DailyUsage.gpu_seconds).desc(), Tenant.name)
+        ).all()
+    totals: dict[str, list[float]] = {}
+    for rank, (name, seconds, jobs, images) in enumerate(rows):
+        label = name if rank < top else OTHER_TENANTS
+        sums = totals.setdefault(label, [0.0, 0, 0])
+        sums[0] += float(seconds or 0.0)
+        sums[1] += int(jobs or 0)
+        sums[2] += int(images or 0)
+    for label, (seconds, jobs, images) in totals.items():
+        families["gpu_seconds"].add_metric([label], seconds)
+        families["jobs"].add_metric([label], jobs)
+        families["images"].add_metric([label], images)
+    return list(families.values())
 
 
 def _aware(moment: datetime) -> datetime:
@@ -108,8 +157,15 @@ class BrokerReadings:
 class ServiceCollector:
     """A prometheus_client collector for the API's /metrics."""
 
-    def __init__(self, db: Database, queues: list[str], broker: BrokerReadings | None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        queues: list[str],
+        broker: BrokerReadings | None,
+        top_tenants: int = 10,
+    ) -> None:
         self.db, self.queues, self.broker = db, queues, broker
+        self.top_tenants = top_tenants
 
     def collect(self):
         from app.metrics.backlog import backlog_gauge
@@ -117,6 +173,7 @@ class ServiceCollector:
         try:
             yield from job_gauges(self.db, self.queues)
             yield backlog_gauge(self.db, self.queues)
+            yield from tenant_usage(self.db, self.top_tenants)
         except Exception as exc:  # noqa: BLE001
             log.warning("job readings unavailable: %s: %s", type(exc).__name__, exc)
         if self.broker is not None:

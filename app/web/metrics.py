@@ -24,7 +24,9 @@ def install(app: Flask, svc: Services) -> None:
     broker = None
     if not svc.settings.embedded:
         broker = BrokerReadings(svc.publisher.celery.connection_for_read, svc.catalog.queues)
-    readings = ServiceCollector(svc.db, svc.catalog.queues, broker)
+    readings = ServiceCollector(
+        svc.db, svc.catalog.queues, broker, top_tenants=svc.settings.metrics_top_tenants
+    )
 
     @app.before_request
     def _start_timer() -> None:

@@ -12,7 +12,7 @@ from flask.views import MethodView
 from flask_smorest import Blueprint, abort
 
 from app.jobs import service
-from app.jobs.queue_info import queue_info
+from app.jobs.queue_info import fair_window, queue_info
 from app.jobs.states import JobStatus
 from app.web.auth import current_tenant, require_api_key
 from app.web.resources.jobs.presenter import job_view
@@ -88,7 +88,7 @@ def _stream(job_id: uuid.UUID, tenant_id: uuid.UUID, last_seen: int) -> Iterator
             with svc.db.session() as session:
                 job = service.get_job(session, tenant_id, job_id)
                 queued = job is not None and job.status == JobStatus.QUEUED
-                info = queue_info(session, job) if queued else None
+                info = queue_info(session, job, fair_window(svc.settings)) if queued else None
             if job is None:
                 return
             view = job_view(job, svc.storage, svc.settings.presign_ttl, info)

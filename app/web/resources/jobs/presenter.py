@@ -74,6 +74,9 @@ def job_view(
             "cancel": url_for("jobs.JobCancel", job_id=job.id, _external=True),
             "events": url_for("job_events.JobEvents", job_id=job.id, _external=True),
         },
+        "cost": {"gpu_seconds": round(job.gpu_seconds, 4), "device": job.device, "model": job.model}
+        if job.gpu_seconds is not None
+        else None,
         "metadata": job.client_metadata,
         "data_removed": job.data_removed_at is not None,
         "webhook": job.webhook_url,

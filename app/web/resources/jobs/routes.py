@@ -11,8 +11,10 @@ from flask.views import MethodView
 from flask_smorest import Blueprint, abort
 from sqlalchemy.exc import IntegrityError
 
+from app import usage
+from app.db.types import utcnow
 from app.jobs import service, transitions
-from app.jobs.queue_info import queue_info
+from app.jobs.queue_info import fair_window, queue_info
 from app.jobs.states import ErrorCode, JobStatus, Priority
 from app.limits import may_admit, reserve_queued_slot
 from app.metrics.instruments import JOBS_SUBMITTED
@@ -42,7 +44,8 @@ def _not_found() -> None:
 
 def _view(job) -> dict:
     svc = services()
-    info = queue_info(request_session(), job) if job.status == JobStatus.QUEUED else None
+    queued = job.status == JobStatus.QUEUED
+    info = queue_info(request_session(), job, fair_window(svc.settings)) if queued else None
     return job_view(job, svc.storage, svc.settings.presign_ttl, info)
 
 
@@ -72,8 +75,8 @@ class Jobs(MethodView):
     @blp.alt_response(413, description="Body larger than DIFFQ_MAX_BODY_BYTES.")
     @blp.alt_response(
         429,
-        description="Over the key's request rate or the tenant's cap on queued jobs; "
-        "see Retry-After.",
+        description="Over the key's request rate, the tenant's cap on queued jobs or its "
+        "daily GPU-second quota; see Retry-After.",
     )
     @blp.alt_response(503, description="The job could not be made durable.")
     def post(self, headers, request_data):
@@ -94,6 +97,14 @@ class Jobs(MethodView):
             existing = service.find_by_idempotency_key(session, tenant_id, key)
             if existing is not None:
                 return _replay(existing, body_hash, key)
+        spent = usage.check_daily_quota(session, tenant_id, utcnow())
+        if not spent.allowed:
+            abort(
+                429,
+                message=f"Daily GPU quota used: {spent.used:.1f} of {spent.limit:g} GPU-seconds "
+                "today (UTC); it frees at midnight UTC.",
+                headers={"Retry-After": str(spent.retry_after)},
+            )
         quota = reserve_queued_slot(session, tenant_id, svc.settings.max_queued)
         if not quota.allowed:
             abort(

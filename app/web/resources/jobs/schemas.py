@@ -284,6 +284,20 @@ class JobUrlsSchema(ma.Schema):
     events = fields.String(metadata={"description": "Server-Sent Events: status and progress."})
 
 
+class JobCostSchema(ma.Schema):
+    gpu_seconds = fields.Float(
+        metadata={
+            "description": "Device seconds inside the pipeline call (not queue time, not "
+            "the upload): what usage and quotas count.",
+            "example": 1.8421,
+        }
+    )
+    device = fields.String(
+        metadata={"description": "The device's name, as prices name it.", "example": "cpu"}
+    )
+    model = fields.String(metadata={"example": "tiny"})
+
+
 class JobSchema(ma.Schema):
     id = fields.UUID()
     status = fields.String(metadata={"description": "queued, running, succeeded, failed, canceled"})
@@ -314,6 +328,11 @@ class JobSchema(ma.Schema):
     finished_at = fields.DateTime(allow_none=True)
     metrics = fields.Nested(JobMetricsSchema)
     urls = fields.Nested(JobUrlsSchema)
+    cost = fields.Nested(
+        JobCostSchema,
+        allow_none=True,
+        metadata={"description": "Once succeeded: what the job cost. Null before."},
+    )
     metadata = fields.Dict(allow_none=True)
     data_removed = fields.Boolean(
         metadata={

@@ -1,0 +1,186 @@
+"""Fair share's choice and queue positions, daily usage and the GPU-second quota, against
+PostgreSQL (each test has its own queue name, so other tests' jobs never count)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+
+from app import usage
+from app.db.models import Job, Tenant
+from app.db.types import utcnow
+from app.jobs import fairness, service, transitions
+from app.jobs.states import JobStatus, Priority
+
+pytestmark = pytest.mark.services
+
+WINDOW = 600.0
+
+
+def _tenant(session, prefix: str, weight: float = 1.0) -> Tenant:
+    tenant = Tenant(name=f"{prefix}-{uuid.uuid4().hex[:10]}", weight=weight)
+    session.add(tenant)
+    session.flush()
+    return tenant
+
+
+def _queued(session, tenant, queue: str, n: int, priority=Priority.NORMAL) -> list[Job]:
+    jobs = []
+    for i in range(n):
+        job = service.create_job(
+            session,
+            tenant.id,
+            model="tiny",
+            queue=queue,
+            priority=priority,
+            params={"prompt": f"p{i}", "steps": 2, "seed": i},
+            metadata=None,
+        )
+        job.published_at = utcnow()
+        jobs.append(job)
+    session.flush()
+    return jobs
+
+
+def _used(session, tenant, queue: str, seconds: float) -> None:
+    """A finished job of `seconds` GPU time in the window."""
+    job = _queued(session, tenant, queue, 1)[0]
+    session.execute(
+        update(Job)
+        .where(Job.id == job.id)
+        .values(status=JobStatus.SUCCEEDED, finished_at=utcnow(), gpu_seconds=seconds)
+    )
+
+
+def test_a_message_starts_the_job_of_the_tenant_with_less_recent_gpu_time(db):
+    queue = f"gpu.fair-{uuid.uuid4().hex[:8]}"
+    with db.session() as session:
+        heavy, light = _tenant(session, "heavy"), _tenant(session, "light")
+        _used(session, heavy, queue, 30.0)
+        heavy_jobs = _queued(session, heavy, queue, 5)
+        light_jobs = _queued(session, light, queue, 2)
+        now = utcnow()
+        # The heavy tenant's message starts the light tenant's oldest job ...
+        assert fairness.choose(session, heavy_jobs[0], now, WINDOW) == light_jobs[0].id
+        # ... and the light tenant's own messages start its jobs in order.
+        assert fairness.choose(session, light_jobs[1], now, WINDOW) == light_jobs[0].id
+        # Positions follow the turns: the light tenant's first job is next.
+        assert fairness.position(session, light_jobs[0], now, WINDOW)[0] == 0
+        assert fairness.position(session, heavy_jobs[0], now, WINDOW)[0] == 1
+        assert fairness.position(session, heavy_jobs[4], now, WINDOW)[0] == 4 + 2
+
+
+def test_weights_scale_the_share_and_ties_keep_the_message_own_job(db):
+    queue = f"gpu.fair-{uuid.uuid4().hex[:8]}"
+    with db.session() as session:
+        double, single = _tenant(session, "double", weight=2.0), _tenant(session, "single")
+        # 30 s at weight 2 weighs 15: less than 20 s at weight 1.
+        _used(session, double, queue, 30.0)
+        _used(session, single, queue, 20.0)
+        doubles = _queued(session, double, queue, 2)
+        singles = _queued(session, single, queue, 2)
+        now = utcnow()
+        assert fairness.choose(session, singles[0], now, WINDOW) == doubles[0].id
+        # Equal weighted use: the message's own tenant goes (no needless swap).
+        _used(session, double, queue, 10.0)  # 40 s at weight 2 weighs 20, as 20 s at 1
+        assert fairness.choose(session, singles[0], now, WINDOW) == singles[0].id
+        assert fairness.choose(session, doubles[1], now, WINDOW) == doubles[0].id
+
+
+def test_priority_still_comes_first_and_old_use_leaves_the_window(db):
+    queue = f"gpu.fair-{uuid.uuid4().hex[:8]}"
+    with db.session() as session:
+        heavy, light = _tenant(session, "heavy"), _tenant(session, "light")
+        _used(session, heavy, queue, 30.0)
+        high = _queued(session, heavy, queue, 1, priority=Priority.HIGH)[0]
+        light_job = _queued(session, light, queue, 1)[0]
+        now = utcnow()
+        # A different priority is not a candidate: the high job keeps its message.
+        assert fairness.choose(session, high, now, WINDOW) == high.id
+        assert fairness.position(session, light_job, now, WINDOW)[0] == 1  # the high one
+        heavy_normal = _queued(session, heavy, queue, 1)[0]
+        assert fairness.choose(session, heavy_normal, now, WINDOW) == light_job.id
+        # An hour later the heavy tenant's use has left a 10-minute window.
+        later = now + timedelta(hours=1)
+        assert fairness.choose(session, heavy_normal, later, WINDOW) == heavy_normal.id
+
+
+def test_a_redelivered_message_finds_the_run_it_started(db):
+    queue = f"gpu.fair-{uuid.uuid4().hex[:8]}"
+    with db.session() as session:
+        tenant = _tenant(session, "permit")
+        message_job, other = _queued(session, tenant, queue, 2)
+    with db.session() as session:
+        claim = transitions.claim_job(
+            session,
+            other.id,
+            owner="w1",
+            redelivered=False,
+            max_attempts=3,
+            lease_seconds=30,
+            permit_id=message_job.id,
+        )
+        assert claim.kind == transitions.ClaimKind.CLAIMED
+    with db.session() as session:
+        assert transitions.run_started_by(session, message_job.id) == other.id
+        assert transitions.run_started_by(session, other.id) is None
+
+
+def test_usage_adds_up_per_day_model_and_device_and_the_quota_frees_at_midnight(db):
+    with db.session() as session:
+        tenant = _tenant(session, "usage")
+        tenant.daily_gpu_seconds = 10.0
+        today = utcnow().date()
+        usage.record(session, tenant.id, "tiny", usage.Charge(4.0, "cpu", 1), today)
+        usage.record(session, tenant.id, "tiny", usage.Charge(5.5, "cpu", 2), today)
+        usage.record(
+            session, tenant.id, "tiny", usage.Charge(100.0, "cpu", 1), today - timedelta(1)
+        )
+        rows = usage.between(session, tenant.id, today, today)
+        assert [(r.gpu_seconds, r.jobs, r.images) for r in rows] == [(9.5, 2, 3)]
+        now = utcnow()
+        assert usage.check_daily_quota(session, tenant.id, now).allowed
+        usage.record(session, tenant.id, "tiny", usage.Charge(0.5, "cpu", 1), today)
+        verdict = usage.check_daily_quota(session, tenant.id, now)
+        assert not verdict.allowed and verdict.used == pytest.approx(10.0)
+        seconds_to_midnight = (24 * 3600) - (now.hour * 3600 + now.minute * 60 + now.second)
+        assert abs(verdict.retry_after - seconds_to_midnight) <= 2
+    assert usage.price({"cpu": 0.5}, "cpu", 3.0) == 1.5
+    assert usage.price({"*": 2.0}, "NVIDIA H200", 3.0) == 6.0
+    assert usage.price({"cpu": 0.5}, "NVIDIA H200", 3.0) is None
+
+
+def test_operators_set_weight_and_quota_from_the_cli(stack, db):
+    import subprocess
+    import sys
+
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+
+    def diffq(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "app.cli", *args],
+            env=stack.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    created = diffq("keys", "create", "--tenant", name, "--weight", "3")
+    assert created.returncode == 0, created.stderr
+    changed = diffq("tenants", "set", name, "--daily-gpu-seconds", "3600")
+    assert changed.returncode == 0, changed.stderr
+    assert "weight 3" in changed.stdout and "quota 3600" in changed.stdout
+    with db.session() as session:
+        from sqlalchemy import select
+
+        tenant = session.scalar(select(Tenant).where(Tenant.name == name))
+        assert (tenant.weight, tenant.daily_gpu_seconds) == (3.0, 3600.0)
+    assert diffq("tenants", "set", name, "--no-quota").returncode == 0
+    refused = diffq("tenants", "set", name, "--weight", "0")
+    assert refused.returncode != 0 and "positive" in refused.stderr
+    with db.session() as session:
+        tenant = session.scalar(select(Tenant).where(Tenant.name == name))
+        assert (tenant.weight, tenant.daily_gpu_seconds) == (3.0, None)
