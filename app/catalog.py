@@ -14,7 +14,8 @@ CONSUMER_TIMEOUT_SECONDS = 1800
 TIME_LIMIT_HEADROOM_SECONDS = 300
 
 DTYPES = ("float32", "float16", "bfloat16")
-SCHEDULERS = ("default", "ddim", "euler", "euler_a", "dpm++", "pndm", "lms")
+# Each name has a class in workers/generation.py SCHEDULER_CLASSES (a test runs them all).
+SCHEDULERS = ("default", "ddim", "euler", "euler_a", "dpm++", "pndm", "lms", "lcm")
 
 
 class CatalogError(ValueError):

@@ -12,7 +12,12 @@ SCHEDULER_CLASSES = {
     "euler_a": "EulerAncestralDiscreteScheduler",
     "dpm++": "DPMSolverMultistepScheduler",
     "pndm": "PNDMScheduler",
+    "lms": "LMSDiscreteScheduler",  # needs scipy (the worker extra)
+    "lcm": "LCMScheduler",  # few-step models (LCM, LCM-LoRA): 2 to 8 steps, low guidance
 }
+# PNDM's Runge-Kutta warm-up needs more steps than a job may ask for (it fails below 4);
+# Stable Diffusion's own PNDM configuration skips it.
+SCHEDULER_OPTIONS: dict[str, dict] = {"pndm": {"skip_prk_steps": True}}
 
 
 class Interrupted(Exception):
@@ -33,7 +38,9 @@ def _job_pipeline(pipeline: Any, scheduler_name: str) -> Any:
         job_pipeline.scheduler = type(pipeline.scheduler).from_config(config)
     else:
         cls = getattr(diffusers, SCHEDULER_CLASSES[scheduler_name])
-        job_pipeline.scheduler = cls.from_config(config)
+        job_pipeline.scheduler = cls.from_config(
+            config, **SCHEDULER_OPTIONS.get(scheduler_name, {})
+        )
     return job_pipeline
 
 

@@ -55,7 +55,10 @@ class JobCreateSchema(ma.Schema):
         strict=True, metadata={"description": "Images in this job, 1..`max_num_images`."}
     )
     scheduler = fields.String(
-        metadata={"description": "default, ddim, euler, euler_a, dpm++ or pndm."}
+        metadata={
+            "description": "One of the model's schedulers: default, ddim, euler, euler_a, "
+            "dpm++, pndm, lms or lcm (few-step models)."
+        }
     )
     output_format = fields.String(
         load_default="png",
