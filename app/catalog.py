@@ -44,6 +44,15 @@ class ModelSpec:
     soft_time_limit: int = 600
     time_limit: int = 660
     schedulers: tuple[str, ...] = field(default=SCHEDULERS)
+    # What one job may ask of the GPU's memory: width x height x num_images (None: only
+    # the limits above). A request over it is a 422 at submit, never an OOM on the GPU.
+    max_pixels_per_job: int | None = None
+    # Loading (workers/pipelines.py): the weights' file variant ("fp16" reads
+    # *.fp16.safetensors), a VAE folder to use instead of the model's own (e.g. the
+    # fp16-fix SDXL VAE), and the safety checker, off unless asked for.
+    variant: str | None = None
+    vae_path: Path | None = None
+    safety_checker: bool = False
 
     def check(self) -> None:
         if self.dtype not in DTYPES:
@@ -67,6 +76,12 @@ class ModelSpec:
                 f"model {self.name!r}: time_limit {self.time_limit}s must stay below RabbitMQ's "
                 f"consumer_timeout ({CONSUMER_TIMEOUT_SECONDS}s) minus "
                 f"{TIME_LIMIT_HEADROOM_SECONDS}s"
+            )
+        if self.max_pixels_per_job is not None and (
+            self.max_pixels_per_job < self.default_width * self.default_height
+        ):
+            raise CatalogError(
+                f"model {self.name!r}: max_pixels_per_job is below one default-size image"
             )
         unknown = set(self.schedulers) - set(SCHEDULERS)
         if unknown:
@@ -121,6 +136,9 @@ def _spec_from_table(name: str, table: dict, base_dir: Path) -> ModelSpec:
     path = Path(values.pop("path")).expanduser()
     values["path"] = path if path.is_absolute() else (base_dir / path)
     values.setdefault("queue", f"gpu.{name}")
+    if values.get("vae_path") is not None:
+        vae = Path(values["vae_path"]).expanduser()
+        values["vae_path"] = vae if vae.is_absolute() else (base_dir / vae)
     if "schedulers" in values:
         values["schedulers"] = tuple(values["schedulers"])
     try:

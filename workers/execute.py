@@ -209,17 +209,39 @@ def _generate_and_store(
     except StorageUnavailable as exc:
         return _fail(rt, job, ErrorCode.STORAGE_UNAVAILABLE, str(exc))
     except Exception as exc:
-        if _is_out_of_memory(exc):
-            _free_accelerator_memory()
-            return _fail(
-                rt, job, ErrorCode.GPU_OOM, "out of memory; retry with a smaller size or batch"
-            )
-        if isinstance(exc, ValueError):
-            return _fail(rt, job, ErrorCode.INVALID_INPUT, f"the pipeline refused the input: {exc}")
-        if _is_database_error(exc):
-            raise  # the task hands the message back: the outcome could not be recorded
-        log.exception("job %s crashed", job.id, extra={"job_id": str(job.id)})
-        return _fail(rt, job, ErrorCode.INTERNAL, f"internal error ({type(exc).__name__})")
+        if not _is_out_of_memory(exc):
+            return _crashed(rt, job, exc)
+        first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+        log.warning("job %s ran out of memory: %s", job.id, first_line[:200])
+    else:
+        return _succeeded(rt, job, uploaded, steps, started, generated, reporter)
+    # Out of memory. Only here, once the except clause has dropped the traceback (whose
+    # frames pin the activations), can the memory go back: freeing it inside the clause
+    # would keep the peak allocated and fail the next job too. gpu_oom is dead-lettered,
+    # never retried with the same parameters.
+    _free_accelerator_memory()
+    return _fail(rt, job, ErrorCode.GPU_OOM, "out of memory; retry with a smaller size or batch")
+
+
+def _crashed(rt: WorkerRuntime, job: Job, exc: Exception) -> Outcome:
+    """Called inside the except clause (log.exception shows the traceback)."""
+    if isinstance(exc, ValueError):
+        return _fail(rt, job, ErrorCode.INVALID_INPUT, f"the pipeline refused the input: {exc}")
+    if _is_database_error(exc):
+        raise exc  # the task hands the message back: the outcome could not be recorded
+    log.exception("job %s crashed", job.id, extra={"job_id": str(job.id)})
+    return _fail(rt, job, ErrorCode.INTERNAL, f"internal error ({type(exc).__name__})")
+
+
+def _succeeded(
+    rt: WorkerRuntime,
+    job: Job,
+    uploaded: list[dict[str, Any]],
+    steps: int,
+    started: float,
+    generated: float,
+    reporter: ProgressReporter,
+) -> Outcome:
     recorded = _record(
         rt,
         lambda session: transitions.finish_succeeded(
@@ -290,17 +312,36 @@ def _encode_and_upload(
     return results
 
 
+# Allocation failures that surface as a plain RuntimeError (cuBLAS/cuDNN handles and
+# workspaces, older torch builds): they heal like torch.OutOfMemoryError.
+_OOM_MARKERS = (
+    "out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
+    "HIP out of memory",
+)
+
+
 def _is_out_of_memory(exc: BaseException) -> bool:
     import torch
 
-    return isinstance(exc, torch.OutOfMemoryError | MemoryError)
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MARKERS)
 
 
 def _free_accelerator_memory() -> None:
+    """Collect what the failed run left (frames in reference cycles), then hand the
+    allocator's cached blocks back so the next job starts from a clean pool."""
+    import gc
+
     import torch
 
-    if torch.cuda.is_available():
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
 
 
 def _is_database_error(exc: BaseException) -> bool:

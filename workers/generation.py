@@ -54,7 +54,7 @@ def generate_images(
     """PIL images for `params`; image i uses seed `params['seed'] + i`.
 
     `on_step(step, total)` is called after every denoising step; returning False stops
-    the run at that step and raises Interrupted.
+    the run right there and raises Interrupted (nothing of the run is decoded).
     """
     import torch
 
@@ -62,13 +62,12 @@ def generate_images(
     count = int(params.get("num_images", 1))
     seed = int(params["seed"])
     generators = [torch.Generator(device=device).manual_seed(seed + i) for i in range(count)]
-    stopped = False
 
     def callback(pipe, step_index, _timestep, callback_kwargs):
-        nonlocal stopped
         if not on_step(step_index + 1, pipe.num_timesteps):
-            stopped = True
-            pipe._interrupt = True
+            # Raising (not diffusers' `_interrupt`, which only `continue`s) leaves at once:
+            # no remaining step loop, no VAE decode, no safety checker.
+            raise Interrupted()
         return callback_kwargs
 
     with torch.inference_mode():
@@ -83,6 +82,4 @@ def generate_images(
             generator=generators if count > 1 else generators[0],
             callback_on_step_end=callback,
         )
-    if stopped:
-        raise Interrupted()
     return list(output.images)

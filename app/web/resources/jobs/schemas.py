@@ -188,6 +188,17 @@ def model_limit_errors(spec: ModelSpec, data: dict[str, Any]) -> dict[str, list[
     count = data.get("num_images")
     if count is not None and not 1 <= count <= spec.max_num_images:
         add("num_images", f"Must be between 1 and {spec.max_num_images} for model '{spec.name}'.")
+    count = data.get("num_images", 1)
+    budget = spec.max_pixels_per_job
+    sized = not {"width", "height", "num_images"} & set(errors)
+    if budget is not None and sized and width * height * count > budget:
+        message = (
+            f"width x height x num_images = {width} x {height} x {count} = "
+            f"{width * height * count} pixels exceeds the {budget} one job may use on "
+            f"model '{spec.name}' (max_pixels_per_job): ask for fewer or smaller images."
+        )
+        for name in ("width", "height", "num_images"):
+            add(name, message)
     scheduler = data.get("scheduler")
     if scheduler is not None and scheduler not in spec.schedulers:
         add("scheduler", f"Must be one of: {', '.join(spec.schedulers)}.")
