@@ -208,7 +208,7 @@ def _generate_and_store(
         return _fail(rt, job, ErrorCode.TIMEOUT, f"the job exceeded its time limit of {limit}s")
     except StorageUnavailable as exc:
         return _fail(rt, job, ErrorCode.STORAGE_UNAVAILABLE, str(exc))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (recorded: gpu_oom below, others in _crashed)
         if not _is_out_of_memory(exc):
             return _crashed(rt, job, exc)
         first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
