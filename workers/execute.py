@@ -27,7 +27,7 @@ from app.metrics.instruments import (
 from app.storage import StorageUnavailable, image_key
 from app.storage.retry import put_with_retry
 from workers.encoding import encode_image
-from workers.generation import Interrupted, generate_images
+from workers.generation import Interrupted, generate
 from workers.lease import LeaseKeeper
 from workers.pipelines import LoadedModel
 from workers.progress import ProgressReporter
@@ -197,10 +197,20 @@ def _generate_and_store(
     try:
         if not reporter.stage("encoding_prompt", 0, steps):
             return Outcome(Verdict.ACK, "job no longer held before generation")
-        images = generate_images(model.pipeline, params, device=model.device, on_step=reporter.step)
+        output = generate(model.pipeline, params, device=model.device, on_step=reporter.step)
         generated = time.perf_counter()
+        if all(output.nsfw):
+            return _fail(
+                rt,
+                job,
+                ErrorCode.CONTENT_FILTERED,
+                "the model's safety checker blacked out every image",
+            )
         reporter.stage("uploading", steps, steps)
-        uploaded = _encode_and_upload(rt, job, images, params)
+        uploaded = _encode_and_upload(rt, job, output.images, params)
+        for entry, flagged in zip(uploaded, output.nsfw, strict=True):
+            if flagged:
+                entry["nsfw_filtered"] = True  # a black image, not what was asked for
     except Interrupted:
         return _stopped(rt, job, reporter.last_step)
     except SoftTimeLimitExceeded:

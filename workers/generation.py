@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 SCHEDULER_CLASSES = {
@@ -44,6 +45,13 @@ def _job_pipeline(pipeline: Any, scheduler_name: str) -> Any:
     return job_pipeline
 
 
+@dataclass(frozen=True)
+class Generation:
+    images: list[Any]
+    # Per image: True where the model's safety checker blacked it out.
+    nsfw: list[bool]
+
+
 def generate_images(
     pipeline: Any,
     params: dict[str, Any],
@@ -51,6 +59,17 @@ def generate_images(
     device: str,
     on_step: Callable[[int, int], bool],
 ) -> list[Any]:
+    """The images alone (see `generate`)."""
+    return generate(pipeline, params, device=device, on_step=on_step).images
+
+
+def generate(
+    pipeline: Any,
+    params: dict[str, Any],
+    *,
+    device: str,
+    on_step: Callable[[int, int], bool],
+) -> Generation:
     """PIL images for `params`; image i uses seed `params['seed'] + i`.
 
     `on_step(step, total)` is called after every denoising step; returning False stops
@@ -82,4 +101,6 @@ def generate_images(
             generator=generators if count > 1 else generators[0],
             callback_on_step_end=callback,
         )
-    return list(output.images)
+    images = list(output.images)
+    flagged = getattr(output, "nsfw_content_detected", None) or [False] * len(images)
+    return Generation(images, [bool(flag) for flag in flagged])

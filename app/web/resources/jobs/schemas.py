@@ -280,7 +280,8 @@ class JobErrorSchema(ma.Schema):
     code = fields.String(
         metadata={
             "description": "invalid_input, invalid_message, model_unavailable, gpu_oom, timeout, "
-            "storage_unavailable, dead_lettered, internal_error; for canceled jobs: canceled, "
+            "storage_unavailable, dead_lettered, internal_error, content_filtered (the model's "
+            "safety checker blacked out every image); for canceled jobs: canceled, "
             "deadline"
         }
     )

@@ -1,5 +1,8 @@
-"""Out of memory heals: the job fails `gpu_oom` (dead-lettered, never retried), what the run
-held is released, and the next job on the same worker runtime succeeds."""
+"""A worker runtime in this process, on the real database and store.
+
+Out of memory heals: the job fails `gpu_oom` (dead-lettered, never retried), what the run
+held is released, and the next job on the same runtime succeeds. Images the safety checker
+blacked out are flagged, never silently "succeeded"."""
 
 from __future__ import annotations
 
@@ -111,3 +114,24 @@ def test_an_oom_fails_the_job_frees_its_memory_and_the_next_job_runs(
     with db.session() as session:
         assert session.get(Job, next_id).status == JobStatus.SUCCEEDED
     gc.collect()
+
+
+@pytest.mark.parametrize("flags", [[True, True], [True, False]])
+def test_blacked_out_images_never_pass_silently(runtime, db, monkeypatch, flags):
+    pipeline = runtime.models["tiny"].pipeline
+
+    def checker(image, device, dtype):
+        return image * 0, flags
+
+    monkeypatch.setattr(pipeline, "run_safety_checker", checker)
+    job_id, payload = _new_job(db, num_images=2, steps=1)
+    outcome = execute.execute_job(runtime, payload, redelivered=False)
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        status, code, result = job.status, job.error_code, job.result
+    print(f"flags {flags}: {status.value} {code or ''} {outcome.reason}")
+    if all(flags):
+        assert status == JobStatus.FAILED and code == ErrorCode.CONTENT_FILTERED.value
+    else:
+        assert status == JobStatus.SUCCEEDED
+        assert [i.get("nsfw_filtered", False) for i in result["images"]] == flags
