@@ -109,6 +109,9 @@ class Settings:
     max_queued: int  # queued jobs per tenant; 0: no cap
     max_running: int  # a tenant's jobs in flight (in the broker or running); 0: no cap
     result_retention: float  # seconds a succeeded job's images are kept; 0: forever
+    # Finished jobs waiting for their encode/upload/record while the GPU runs the next
+    # (workers/postprocess.py); 0: all of it inline, before the next job starts.
+    postprocess_depth: int = 2
 
     @property
     def embedded(self) -> bool:
@@ -192,4 +195,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_queued=_int(env, "DIFFQ_MAX_QUEUED", 1000),
         max_running=_int(env, "DIFFQ_MAX_RUNNING", 0),
         result_retention=_float(env, "DIFFQ_RESULT_RETENTION", 30 * 86400.0),
+        postprocess_depth=_int(env, "DIFFQ_POSTPROCESS_DEPTH", 2),
     )

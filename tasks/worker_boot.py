@@ -146,6 +146,10 @@ def load_models(**_kwargs) -> None:
 @signals.worker_process_shutdown.connect
 def release(**_kwargs) -> None:
     if _runtime is not None:
+        if _runtime.postprocessor is not None:
+            # Jobs already acked are recorded before the process goes (or, past this, the
+            # relay requeues them when their leases expire).
+            _runtime.postprocessor.close(timeout=load_settings().shutdown_grace)
         _runtime.db.dispose()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from app.metrics.instruments import (
 from app.storage import StorageUnavailable, image_key
 from app.storage.retry import put_with_retry
 from workers.encoding import encode_image
-from workers.generation import Interrupted, generate
+from workers.generation import Generation, Interrupted, generate
 from workers.lease import LeaseKeeper
 from workers.pipelines import LoadedModel
 from workers.progress import ProgressReporter
@@ -182,14 +183,18 @@ def _run(rt: WorkerRuntime, job: Job) -> Outcome:
         renew, interval=rt.settings.lease_seconds / 3, stop=rt.stop_requested
     ).start()
     try:
-        return _generate_and_store(rt, job, model, reporter)
+        return _generate_and_store(rt, job, model, reporter, renew)
     finally:
         lease.close()
         reporter.close()
 
 
 def _generate_and_store(
-    rt: WorkerRuntime, job: Job, model: LoadedModel, reporter: ProgressReporter
+    rt: WorkerRuntime,
+    job: Job,
+    model: LoadedModel,
+    reporter: ProgressReporter,
+    renew: Callable[[], bool],
 ) -> Outcome:
     params = job.input
     steps = int(params["steps"])
@@ -206,31 +211,76 @@ def _generate_and_store(
                 ErrorCode.CONTENT_FILTERED,
                 "the model's safety checker blacked out every image",
             )
-        reporter.stage("uploading", steps, steps)
-        uploaded = _encode_and_upload(rt, job, output.images, params)
-        for entry, flagged in zip(uploaded, output.nsfw, strict=True):
-            if flagged:
-                entry["nsfw_filtered"] = True  # a black image, not what was asked for
+        if rt.postprocessor is None:
+            reporter.stage("uploading", steps, steps)
+            return _finish(rt, job, output, (started, generated, reporter.writes))
+        return _finish_later(rt, job, output, (started, generated), reporter, renew)
     except Interrupted:
         return _stopped(rt, job, reporter.last_step)
     except SoftTimeLimitExceeded:
         limit = model.spec.soft_time_limit
         return _fail(rt, job, ErrorCode.TIMEOUT, f"the job exceeded its time limit of {limit}s")
-    except StorageUnavailable as exc:
-        return _fail(rt, job, ErrorCode.STORAGE_UNAVAILABLE, str(exc))
     except Exception as exc:  # noqa: BLE001 (recorded: gpu_oom below, others in _crashed)
         if not _is_out_of_memory(exc):
             return _crashed(rt, job, exc)
         first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
         log.warning("job %s ran out of memory: %s", job.id, first_line[:200])
-    else:
-        return _succeeded(rt, job, uploaded, steps, started, generated, reporter)
     # Out of memory. Only here, once the except clause has dropped the traceback (whose
     # frames pin the activations), can the memory go back: freeing it inside the clause
     # would keep the peak allocated and fail the next job too. gpu_oom is dead-lettered,
     # never retried with the same parameters.
     _free_accelerator_memory()
     return _fail(rt, job, ErrorCode.GPU_OOM, "out of memory; retry with a smaller size or batch")
+
+
+def _finish(rt: WorkerRuntime, job: Job, output: Generation, timing: tuple) -> Outcome:
+    """Encode, upload and record a generated job (inline, or on the post-processing thread)."""
+    params = job.input
+    try:
+        uploaded = _encode_and_upload(rt, job, output.images, params)
+    except StorageUnavailable as exc:
+        return _fail(rt, job, ErrorCode.STORAGE_UNAVAILABLE, str(exc))
+    except Exception as exc:  # noqa: BLE001 (recorded in _crashed)
+        return _crashed(rt, job, exc)
+    for entry, flagged in zip(uploaded, output.nsfw, strict=True):
+        if flagged:
+            entry["nsfw_filtered"] = True  # a black image, not what was asked for
+    return _succeeded(rt, job, uploaded, int(params["steps"]), *timing)
+
+
+def _finish_later(
+    rt: WorkerRuntime,
+    job: Job,
+    output: Generation,
+    timing: tuple,
+    reporter: ProgressReporter,
+    renew: Callable[[], bool],
+) -> Outcome:
+    """Hand the finished job to the post-processing thread; the GPU is free at once.
+
+    The message is acked when this returns. Until the outcome is recorded, a lease keeper
+    of its own (not tied to the next job's stop flag) keeps the job's lease alive; if this
+    process dies first, the lease runs out and the relay requeues the job.
+    """
+    assert rt.postprocessor is not None
+    lease = LeaseKeeper(
+        renew, interval=rt.settings.lease_seconds / 3, stop=threading.Event()
+    ).start()
+    context = {"job_id": str(job.id), "tenant": str(job.tenant_id)}
+
+    steps = int(job.input["steps"])
+
+    def work() -> Outcome:
+        try:
+            with job_context(**context):
+                # Even the stage write is off the GPU's path.
+                reporter.stage("uploading", steps, steps)
+                return _finish(rt, job, output, (*timing, reporter.writes))
+        finally:
+            lease.close()
+
+    rt.postprocessor.submit(work)
+    return Outcome(Verdict.ACK, "generated; encode, upload and record handed over", True)
 
 
 def _crashed(rt: WorkerRuntime, job: Job, exc: Exception) -> Outcome:
@@ -250,7 +300,7 @@ def _succeeded(
     steps: int,
     started: float,
     generated: float,
-    reporter: ProgressReporter,
+    progress_writes: int,
 ) -> Outcome:
     recorded = _record(
         rt,
@@ -271,7 +321,7 @@ def _succeeded(
         elapsed,
         generated - started,
         elapsed - (generated - started),
-        reporter.writes,
+        progress_writes,
         extra={"job_id": str(job.id)},
     )
     return Outcome(Verdict.ACK, "succeeded", generated=True)

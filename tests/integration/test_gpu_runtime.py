@@ -7,6 +7,7 @@ blacked out are flagged, never silently "succeeded"."""
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 
 import pytest
@@ -74,6 +75,12 @@ def _new_job(db, **params):
         return job.id, build_payload(job)
 
 
+def _recorded(runtime) -> None:
+    """Wait for the post-processing thread (encode, upload, record) to finish."""
+    if runtime.postprocessor is not None:
+        assert runtime.postprocessor.drain(timeout=60)
+
+
 @pytest.mark.parametrize("kind", sorted(OOM_ERRORS))
 def test_an_oom_fails_the_job_frees_its_memory_and_the_next_job_runs(
     runtime, db, monkeypatch, kind
@@ -110,7 +117,8 @@ def test_an_oom_fails_the_job_frees_its_memory_and_the_next_job_runs(
     assert alive_when_freed == [False]
 
     next_id, next_payload = _new_job(db, seed=2)
-    assert execute.execute_job(runtime, next_payload, redelivered=False).reason == "succeeded"
+    assert execute.execute_job(runtime, next_payload, redelivered=False).verdict == "ack"
+    _recorded(runtime)
     with db.session() as session:
         assert session.get(Job, next_id).status == JobStatus.SUCCEEDED
     gc.collect()
@@ -126,6 +134,7 @@ def test_blacked_out_images_never_pass_silently(runtime, db, monkeypatch, flags)
     monkeypatch.setattr(pipeline, "run_safety_checker", checker)
     job_id, payload = _new_job(db, num_images=2, steps=1)
     outcome = execute.execute_job(runtime, payload, redelivered=False)
+    _recorded(runtime)
     with db.session() as session:
         job = session.get(Job, job_id)
         status, code, result = job.status, job.error_code, job.result
@@ -135,3 +144,31 @@ def test_blacked_out_images_never_pass_silently(runtime, db, monkeypatch, flags)
     else:
         assert status == JobStatus.SUCCEEDED
         assert [i.get("nsfw_filtered", False) for i in result["images"]] == flags
+
+
+def test_the_next_job_starts_while_the_last_one_is_uploaded(runtime, db, monkeypatch):
+    """execute_job returns (the message is acked, the GPU is free) before the upload ends;
+    the outcome is recorded afterwards, by the post-processing thread."""
+    assert runtime.postprocessor is not None  # on by default (DIFFQ_POSTPROCESS_DEPTH=2)
+    put = runtime.storage.put
+    release = threading.Event()
+
+    def slow_put(*args, **kwargs):
+        release.wait(30)
+        return put(*args, **kwargs)
+
+    monkeypatch.setattr(runtime.storage, "put", slow_put)
+    job_id, payload = _new_job(db, seed=3)
+    outcome = execute.execute_job(runtime, payload, redelivered=False)
+    with db.session() as session:
+        during = session.get(Job, job_id)
+        status, owner = during.status, during.lease_owner
+    release.set()
+    _recorded(runtime)
+    with db.session() as session:
+        after = session.get(Job, job_id)
+        final, images = after.status, (after.result or {}).get("images", [])
+    print(f"returned: {outcome.reason}; row then {status.value}, after the drain {final.value}")
+    assert outcome.verdict == execute.Verdict.ACK
+    assert status == JobStatus.RUNNING and owner == runtime.owner  # still leased, not lost
+    assert final == JobStatus.SUCCEEDED and len(images) == 1
