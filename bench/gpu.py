@@ -274,7 +274,10 @@ def main() -> None:
     args = parser.parse_args()
     gpu = torch.cuda.is_available()
     if not gpu:
-        torch.set_num_threads(1)  # a shared CPU: oversubscribed OpenMP threads only spin
+        # A shared CPU: oversubscribed OpenMP threads only spin (the worker's runtime reads
+        # OMP_NUM_THREADS too).
+        torch.set_num_threads(1)
+        os.environ["OMP_NUM_THREADS"] = "1"
     device, dtype = ("cuda", torch.float16) if gpu else ("cpu", torch.float32)
     scale = 1 if gpu else 10
     steps_list = args.steps or ([20, 30] if gpu else [2, 3])
