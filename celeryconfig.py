@@ -43,7 +43,10 @@ task_reject_on_worker_lost = True  # a killed pool child's job is redelivered, n
 task_acks_on_failure = False
 task_acks_on_timeout = False
 worker_prefetch_multiplier = 1  # a GPU worker holds one job at a time
-worker_cancel_long_running_tasks_on_connection_loss = True  # no twin runs after a blip
+# A broker blip must not kill the pool process: that costs the model's reload and the
+# running job. The job runs on; its message comes back after the reconnect (redelivered),
+# and its lease in PostgreSQL decides who records the outcome (see docs/gpu.md).
+worker_cancel_long_running_tasks_on_connection_loss = False
 worker_pool = "prefork"
 worker_concurrency = 1  # one process per GPU; `diffq worker` starts one worker per GPU
 # A pool process loads its models before it reports "up"; Celery's 4 s default would kill

@@ -14,7 +14,8 @@ CONSUMER_TIMEOUT_SECONDS = 1800
 TIME_LIMIT_HEADROOM_SECONDS = 300
 
 DTYPES = ("float32", "float16", "bfloat16")
-SCHEDULERS = ("default", "ddim", "euler", "euler_a", "dpm++", "pndm", "lms")
+# Each name has a class in workers/generation.py SCHEDULER_CLASSES (a test runs them all).
+SCHEDULERS = ("default", "ddim", "euler", "euler_a", "dpm++", "pndm", "lms", "lcm")
 
 
 class CatalogError(ValueError):
@@ -46,6 +47,15 @@ class ModelSpec:
     # Where `high` priority jobs go instead of `queue` (e.g. a pool on on-demand nodes
     # while `queue` is served by spot nodes); empty: the same queue.
     high_priority_queue: str = ""
+    # What one job may ask of the GPU's memory: width x height x num_images (None: only
+    # the limits above). A request over it is a 422 at submit, never an OOM on the GPU.
+    max_pixels_per_job: int | None = None
+    # Loading (workers/pipelines.py): the weights' file variant ("fp16" reads
+    # *.fp16.safetensors), a VAE folder to use instead of the model's own (e.g. the
+    # fp16-fix SDXL VAE), and the safety checker, off unless asked for.
+    variant: str | None = None
+    vae_path: Path | None = None
+    safety_checker: bool = False
 
     def queue_for(self, priority: str) -> str:
         return (
@@ -83,6 +93,12 @@ class ModelSpec:
             )
         if self.high_priority_queue == self.queue:
             raise CatalogError(f"model {self.name!r}: high_priority_queue must differ from queue")
+        if self.max_pixels_per_job is not None and (
+            self.max_pixels_per_job < self.default_width * self.default_height
+        ):
+            raise CatalogError(
+                f"model {self.name!r}: max_pixels_per_job is below one default-size image"
+            )
         unknown = set(self.schedulers) - set(SCHEDULERS)
         if unknown:
             raise CatalogError(f"model {self.name!r}: unknown schedulers {sorted(unknown)}")
@@ -136,6 +152,9 @@ def _spec_from_table(name: str, table: dict, base_dir: Path) -> ModelSpec:
     path = Path(values.pop("path")).expanduser()
     values["path"] = path if path.is_absolute() else (base_dir / path)
     values.setdefault("queue", f"gpu.{name}")
+    if values.get("vae_path") is not None:
+        vae = Path(values["vae_path"]).expanduser()
+        values["vae_path"] = vae if vae.is_absolute() else (base_dir / vae)
     if "schedulers" in values:
         values["schedulers"] = tuple(values["schedulers"])
     try:

@@ -131,6 +131,9 @@ class Settings:
     gpu_prices: dict[str, float]  # price of one GPU-second per device name ("*": any other)
     price_currency: str
     metrics_top_tenants: int  # tenants named in per-tenant metrics; the rest sum as "other"
+    # Finished jobs waiting for their encode/upload/record while the GPU runs the next
+    # (workers/postprocess.py); 0: all of it inline, before the next job starts.
+    postprocess_depth: int = 2
 
     @property
     def embedded(self) -> bool:
@@ -219,4 +222,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         gpu_prices=_prices(env, "DIFFQ_GPU_PRICES"),
         price_currency=env.get("DIFFQ_PRICE_CURRENCY") or "USD",
         metrics_top_tenants=_int(env, "DIFFQ_METRICS_TOP_TENANTS", 10),
+        postprocess_depth=_int(env, "DIFFQ_POSTPROCESS_DEPTH", 2),
     )

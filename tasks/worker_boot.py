@@ -26,6 +26,16 @@ HAND_BACK_SIGNAL = signal.SIGUSR2
 
 # Exit status of a worker whose models cannot load (sysexits EX_CONFIG).
 EXIT_MODEL_LOAD = 78
+# Set by `diffq worker`: a file where a worker that no restart can cure says why, so the
+# supervisor stops instead of restarting it (its own exit status is Celery's, not ours).
+FATAL_MARKER_ENV = "DIFFQ_WORKER_FATAL_FILE"
+
+
+def mark_fatal(reason: str) -> None:
+    path = os.environ.get(FATAL_MARKER_ENV)
+    if path:
+        with contextlib.suppress(OSError), open(path, "w") as marker:
+            marker.write(reason)
 
 
 def _consumed_queues(consumer_queues) -> list[str]:
@@ -64,12 +74,14 @@ def check_and_declare(sender=None, **_kwargs) -> None:
     catalog = load_catalog(settings)
     names = served_models(catalog, queues)
     if not names:
+        mark_fatal(f"no configured model uses the queues {queues}")
         raise WorkerShutdown(f"no configured model uses the queues {queues}")
     try:
         for name in names:
             check_model_dir(catalog.models[name])
     except ModelLoadError as exc:
         log.critical("worker cannot start: %s", exc)
+        mark_fatal(str(exc))
         raise WorkerShutdown(str(exc)) from exc
     if not settings.embedded:
         with sender.app.connection_for_write() as conn:
@@ -125,6 +137,7 @@ def load_models(**_kwargs) -> None:
         # A pool child that raises here is restarted forever by the pool; instead stop
         # the whole worker so the failure is seen (and a supervisor restarts it).
         log.critical("model load failed; stopping the worker", exc_info=True)
+        mark_fatal(f"model load failed: {sys.exc_info()[1]}")
         os.kill(os.getppid(), signal.SIGTERM)
         sys.stderr.flush()
         os._exit(EXIT_MODEL_LOAD)
@@ -133,6 +146,10 @@ def load_models(**_kwargs) -> None:
 @signals.worker_process_shutdown.connect
 def release(**_kwargs) -> None:
     if _runtime is not None:
+        if _runtime.postprocessor is not None:
+            # Jobs already acked are recorded before the process goes (or, past this, the
+            # relay requeues them when their leases expire).
+            _runtime.postprocessor.close(timeout=load_settings().shutdown_grace)
         _runtime.db.dispose()
 
 

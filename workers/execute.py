@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from app.metrics.instruments import (
 from app.storage import StorageUnavailable, image_key
 from app.storage.retry import put_with_retry
 from workers.encoding import encode_image
-from workers.generation import Interrupted, generate_images
+from workers.generation import Generation, Interrupted, generate
 from workers.lease import LeaseKeeper
 from workers.pipelines import LoadedModel, device_name
 from workers.progress import ProgressReporter
@@ -234,14 +235,18 @@ def _run(rt: WorkerRuntime, job: Job) -> Outcome:
         renew, interval=rt.settings.lease_seconds / 3, stop=rt.stop_requested
     ).start()
     try:
-        return _generate_and_store(rt, job, model, reporter)
+        return _generate_and_store(rt, job, model, reporter, renew)
     finally:
         lease.close()
         reporter.close()
 
 
 def _generate_and_store(
-    rt: WorkerRuntime, job: Job, model: LoadedModel, reporter: ProgressReporter
+    rt: WorkerRuntime,
+    job: Job,
+    model: LoadedModel,
+    reporter: ProgressReporter,
+    renew: Callable[[], bool],
 ) -> Outcome:
     params = job.input
     steps = int(params["steps"])
@@ -250,30 +255,113 @@ def _generate_and_store(
         if not reporter.stage("encoding_prompt", 0, steps):
             return Outcome(Verdict.ACK, "job no longer held before generation")
         pipeline_started = time.perf_counter()
-        images = generate_images(model.pipeline, params, device=model.device, on_step=reporter.step)
+        output = generate(model.pipeline, params, device=model.device, on_step=reporter.step)
         generated = time.perf_counter()
-        charge = usage.Charge(generated - pipeline_started, device_name(model.device), len(images))
-        reporter.stage("uploading", steps, steps)
-        uploaded = _encode_and_upload(rt, job, images, params)
+        charge = usage.Charge(
+            generated - pipeline_started, device_name(model.device), len(output.images)
+        )
+        if all(output.nsfw):
+            return _fail(
+                rt,
+                job,
+                ErrorCode.CONTENT_FILTERED,
+                "the model's safety checker blacked out every image",
+            )
+        if rt.postprocessor is None:
+            reporter.stage("uploading", steps, steps)
+            return _finish(rt, job, output, charge, (started, generated, reporter.writes))
+        return _finish_later(rt, job, output, charge, (started, generated), reporter, renew)
     except Interrupted:
         return _stopped(rt, job, reporter.last_step)
     except SoftTimeLimitExceeded:
         limit = model.spec.soft_time_limit
         return _fail(rt, job, ErrorCode.TIMEOUT, f"the job exceeded its time limit of {limit}s")
+    except Exception as exc:  # noqa: BLE001 (recorded: gpu_oom below, others in _crashed)
+        if not _is_out_of_memory(exc):
+            return _crashed(rt, job, exc)
+        first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+        log.warning("job %s ran out of memory: %s", job.id, first_line[:200])
+    # Out of memory. Only here, once the except clause has dropped the traceback (whose
+    # frames pin the activations), can the memory go back: freeing it inside the clause
+    # would keep the peak allocated and fail the next job too. gpu_oom is dead-lettered,
+    # never retried with the same parameters.
+    _free_accelerator_memory()
+    return _fail(rt, job, ErrorCode.GPU_OOM, "out of memory; retry with a smaller size or batch")
+
+
+def _finish(
+    rt: WorkerRuntime, job: Job, output: Generation, charge: usage.Charge, timing: tuple
+) -> Outcome:
+    """Encode, upload and record a generated job (inline, or on the post-processing thread)."""
+    params = job.input
+    try:
+        uploaded = _encode_and_upload(rt, job, output.images, params)
     except StorageUnavailable as exc:
         return _fail(rt, job, ErrorCode.STORAGE_UNAVAILABLE, str(exc))
-    except Exception as exc:
-        if _is_out_of_memory(exc):
-            _free_accelerator_memory()
-            return _fail(
-                rt, job, ErrorCode.GPU_OOM, "out of memory; retry with a smaller size or batch"
-            )
-        if isinstance(exc, ValueError):
-            return _fail(rt, job, ErrorCode.INVALID_INPUT, f"the pipeline refused the input: {exc}")
-        if _is_database_error(exc):
-            raise  # the task hands the message back: the outcome could not be recorded
-        log.exception("job %s crashed", job.id, extra={"job_id": str(job.id)})
-        return _fail(rt, job, ErrorCode.INTERNAL, f"internal error ({type(exc).__name__})")
+    except Exception as exc:  # noqa: BLE001 (recorded in _crashed)
+        return _crashed(rt, job, exc)
+    for entry, flagged in zip(uploaded, output.nsfw, strict=True):
+        if flagged:
+            entry["nsfw_filtered"] = True  # a black image, not what was asked for
+    return _succeeded(rt, job, uploaded, int(params["steps"]), charge, *timing)
+
+
+def _finish_later(
+    rt: WorkerRuntime,
+    job: Job,
+    output: Generation,
+    charge: usage.Charge,
+    timing: tuple,
+    reporter: ProgressReporter,
+    renew: Callable[[], bool],
+) -> Outcome:
+    """Hand the finished job to the post-processing thread; the GPU is free at once.
+
+    The message is acked when this returns. Until the outcome is recorded, a lease keeper
+    of its own (not tied to the next job's stop flag) keeps the job's lease alive; if this
+    process dies first, the lease runs out and the relay requeues the job.
+    """
+    assert rt.postprocessor is not None
+    lease = LeaseKeeper(
+        renew, interval=rt.settings.lease_seconds / 3, stop=threading.Event()
+    ).start()
+    context = {"job_id": str(job.id), "tenant": str(job.tenant_id)}
+
+    steps = int(job.input["steps"])
+
+    def work() -> Outcome:
+        try:
+            with job_context(**context):
+                # Even the stage write is off the GPU's path.
+                reporter.stage("uploading", steps, steps)
+                return _finish(rt, job, output, charge, (*timing, reporter.writes))
+        finally:
+            lease.close()
+
+    rt.postprocessor.submit(work)
+    return Outcome(Verdict.ACK, "generated; encode, upload and record handed over", True)
+
+
+def _crashed(rt: WorkerRuntime, job: Job, exc: Exception) -> Outcome:
+    """Called inside the except clause (log.exception shows the traceback)."""
+    if isinstance(exc, ValueError):
+        return _fail(rt, job, ErrorCode.INVALID_INPUT, f"the pipeline refused the input: {exc}")
+    if _is_database_error(exc):
+        raise exc  # the task hands the message back: the outcome could not be recorded
+    log.exception("job %s crashed", job.id, extra={"job_id": str(job.id)})
+    return _fail(rt, job, ErrorCode.INTERNAL, f"internal error ({type(exc).__name__})")
+
+
+def _succeeded(
+    rt: WorkerRuntime,
+    job: Job,
+    uploaded: list[dict[str, Any]],
+    steps: int,
+    charge: usage.Charge,
+    started: float,
+    generated: float,
+    progress_writes: int,
+) -> Outcome:
     recorded = _record(
         rt,
         lambda session: transitions.finish_succeeded(
@@ -297,7 +385,7 @@ def _generate_and_store(
         elapsed,
         generated - started,
         elapsed - (generated - started),
-        reporter.writes,
+        progress_writes,
         extra={"job_id": str(job.id)},
     )
     return Outcome(Verdict.ACK, "succeeded", generated=True)
@@ -348,17 +436,36 @@ def _encode_and_upload(
     return results
 
 
+# Allocation failures that surface as a plain RuntimeError (cuBLAS/cuDNN handles and
+# workspaces, older torch builds): they heal like torch.OutOfMemoryError.
+_OOM_MARKERS = (
+    "out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
+    "HIP out of memory",
+)
+
+
 def _is_out_of_memory(exc: BaseException) -> bool:
     import torch
 
-    return isinstance(exc, torch.OutOfMemoryError | MemoryError)
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MARKERS)
 
 
 def _free_accelerator_memory() -> None:
+    """Collect what the failed run left (frames in reference cycles), then hand the
+    allocator's cached blocks back so the next job starts from a clean pool."""
+    import gc
+
     import torch
 
-    if torch.cuda.is_available():
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
 
 
 def _is_database_error(exc: BaseException) -> bool:

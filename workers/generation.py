@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 SCHEDULER_CLASSES = {
@@ -12,7 +13,12 @@ SCHEDULER_CLASSES = {
     "euler_a": "EulerAncestralDiscreteScheduler",
     "dpm++": "DPMSolverMultistepScheduler",
     "pndm": "PNDMScheduler",
+    "lms": "LMSDiscreteScheduler",  # needs scipy (the worker extra)
+    "lcm": "LCMScheduler",  # few-step models (LCM, LCM-LoRA): 2 to 8 steps, low guidance
 }
+# PNDM's Runge-Kutta warm-up needs more steps than a job may ask for (it fails below 4);
+# Stable Diffusion's own PNDM configuration skips it.
+SCHEDULER_OPTIONS: dict[str, dict] = {"pndm": {"skip_prk_steps": True}}
 
 
 class Interrupted(Exception):
@@ -33,8 +39,17 @@ def _job_pipeline(pipeline: Any, scheduler_name: str) -> Any:
         job_pipeline.scheduler = type(pipeline.scheduler).from_config(config)
     else:
         cls = getattr(diffusers, SCHEDULER_CLASSES[scheduler_name])
-        job_pipeline.scheduler = cls.from_config(config)
+        job_pipeline.scheduler = cls.from_config(
+            config, **SCHEDULER_OPTIONS.get(scheduler_name, {})
+        )
     return job_pipeline
+
+
+@dataclass(frozen=True)
+class Generation:
+    images: list[Any]
+    # Per image: True where the model's safety checker blacked it out.
+    nsfw: list[bool]
 
 
 def generate_images(
@@ -44,10 +59,21 @@ def generate_images(
     device: str,
     on_step: Callable[[int, int], bool],
 ) -> list[Any]:
+    """The images alone (see `generate`)."""
+    return generate(pipeline, params, device=device, on_step=on_step).images
+
+
+def generate(
+    pipeline: Any,
+    params: dict[str, Any],
+    *,
+    device: str,
+    on_step: Callable[[int, int], bool],
+) -> Generation:
     """PIL images for `params`; image i uses seed `params['seed'] + i`.
 
     `on_step(step, total)` is called after every denoising step; returning False stops
-    the run at that step and raises Interrupted.
+    the run right there and raises Interrupted (nothing of the run is decoded).
     """
     import torch
 
@@ -55,13 +81,12 @@ def generate_images(
     count = int(params.get("num_images", 1))
     seed = int(params["seed"])
     generators = [torch.Generator(device=device).manual_seed(seed + i) for i in range(count)]
-    stopped = False
 
     def callback(pipe, step_index, _timestep, callback_kwargs):
-        nonlocal stopped
         if not on_step(step_index + 1, pipe.num_timesteps):
-            stopped = True
-            pipe._interrupt = True
+            # Raising (not diffusers' `_interrupt`, which only `continue`s) leaves at once:
+            # no remaining step loop, no VAE decode, no safety checker.
+            raise Interrupted()
         return callback_kwargs
 
     with torch.inference_mode():
@@ -76,6 +101,6 @@ def generate_images(
             generator=generators if count > 1 else generators[0],
             callback_on_step_end=callback,
         )
-    if stopped:
-        raise Interrupted()
-    return list(output.images)
+    images = list(output.images)
+    flagged = getattr(output, "nsfw_content_detected", None) or [False] * len(images)
+    return Generation(images, [bool(flag) for flag in flagged])

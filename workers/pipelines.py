@@ -74,8 +74,53 @@ def device_name(device: str) -> str:
     return device.split(":")[0]
 
 
-def load_model(spec: ModelSpec, device: str) -> LoadedModel:
+def resolve_dtype(spec: ModelSpec, device: str):
+    """The torch dtype to load with; bf16 is refused where the GPU lacks it."""
     import torch
+
+    dtype = getattr(torch, spec.dtype)
+    if device == "cpu" and dtype != torch.float32:
+        # Half precision on CPU is slow or unsupported for several ops.
+        log.warning("model %s: %s on CPU is not supported; using float32", spec.name, spec.dtype)
+        return torch.float32
+    gpu = device.startswith("cuda")
+    if dtype == torch.bfloat16 and gpu and not torch.cuda.is_bf16_supported(False):
+        name = torch.cuda.get_device_name(device)
+        raise ModelLoadError(
+            f"model {spec.name!r}: dtype bfloat16 needs a GPU with native bf16 "
+            f'(Ampere or newer); {name} lacks it: use dtype = "float16"'
+        )
+    return dtype
+
+
+def load_options(spec: ModelSpec, dtype) -> dict[str, Any]:
+    """from_pretrained's keywords for the catalog's loading keys."""
+    options: dict[str, Any] = {"dtype": dtype, "local_files_only": True}
+    if spec.variant:
+        options["variant"] = spec.variant  # unet/diffusion_pytorch_model.fp16.safetensors
+    components = json.loads((spec.path / "model_index.json").read_text())
+    if "safety_checker" in components and not spec.safety_checker:
+        options["safety_checker"] = None
+        options["requires_safety_checker"] = False
+    if spec.vae_path is not None:
+        from diffusers import AutoencoderKL
+
+        if not (spec.vae_path / "config.json").is_file():
+            raise ModelLoadError(
+                f"model {spec.name!r}: vae_path {spec.vae_path} has no config.json"
+            )
+        vae_variant = spec.variant if _has_variant(spec.vae_path, spec.variant) else None
+        options["vae"] = AutoencoderKL.from_pretrained(
+            str(spec.vae_path), dtype=dtype, local_files_only=True, variant=vae_variant
+        )
+    return options
+
+
+def _has_variant(folder, variant: str | None) -> bool:
+    return bool(variant) and any(folder.glob(f"*.{variant}.safetensors"))
+
+
+def load_model(spec: ModelSpec, device: str) -> LoadedModel:
     import transformers
     from diffusers import DiffusionPipeline
     from diffusers.utils import logging as diffusers_logging
@@ -83,17 +128,13 @@ def load_model(spec: ModelSpec, device: str) -> LoadedModel:
     diffusers_logging.disable_progress_bar()
     transformers.utils.logging.disable_progress_bar()
     check_model_dir(spec)
-    dtype = getattr(torch, spec.dtype)
-    if device == "cpu" and dtype != torch.float32:
-        # Half precision on CPU is slow or unsupported for several ops.
-        log.warning("model %s: %s on CPU is not supported; using float32", spec.name, spec.dtype)
-        dtype = torch.float32
+    dtype = resolve_dtype(spec, device)
     started = time.perf_counter()
     try:
-        pipeline = DiffusionPipeline.from_pretrained(
-            str(spec.path), dtype=dtype, local_files_only=True
-        )
+        pipeline = DiffusionPipeline.from_pretrained(str(spec.path), **load_options(spec, dtype))
         pipeline = pipeline.to(device)
+    except ModelLoadError:
+        raise
     except Exception as exc:
         raise ModelLoadError(f"model {spec.name!r} failed to load from {spec.path}: {exc}") from exc
     pipeline.set_progress_bar_config(disable=True)

@@ -17,6 +17,7 @@ from app.jobs.notify import CANCEL_CHANNEL
 from app.storage import Storage, open_storage
 from workers.devices import configure_cpu_threads, select_device
 from workers.pipelines import LoadedModel, load_model, warm_up
+from workers.postprocess import PostProcessor
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ class WorkerRuntime:
     stop_requested: threading.Event = field(default_factory=threading.Event)
     # Set by a shutdown: the stopped job goes back to the queue instead of being dropped.
     hand_back_requested: threading.Event = field(default_factory=threading.Event)
+    # Encodes, uploads and records finished jobs while the GPU runs the next (None: inline).
+    postprocessor: PostProcessor | None = None
 
     def start_job(self, job_id: uuid.UUID) -> None:
         self.current_job = job_id
@@ -95,12 +98,16 @@ def build_runtime(settings: Settings, queues: list[str]) -> WorkerRuntime:
     runtime = WorkerRuntime(
         settings=settings,
         catalog=catalog,
-        db=Database(settings.database_url, pool_size=2),
+        # Main thread, progress writer, lease keepers, post-processing threads.
+        db=Database(settings.database_url, pool_size=2 + settings.postprocess_depth),
         storage=open_storage(settings),
         models=models,
         device=device,
         owner=owner,
         name=os.environ.get("DIFFQ_WORKER_NAME") or socket.gethostname(),
+        postprocessor=(
+            PostProcessor(settings.postprocess_depth) if settings.postprocess_depth > 0 else None
+        ),
     )
     if runtime.db.engine.dialect.name == "postgresql":
         # Cancels reach a running job within one step; elsewhere, at the next progress write.

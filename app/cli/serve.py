@@ -31,8 +31,9 @@ def register(commands) -> None:
     worker = commands.add_parser("worker", help="run GPU workers, one process per GPU")
     worker.add_argument(
         "--gpus",
-        default="all",
-        help="GPU indexes like 0,1; 'all' (default) for every GPU found; 'none' for the CPU",
+        default="auto",
+        help="GPU indexes like 0,1; 'all' for every GPU nvidia-smi lists (an error where it "
+        "lists none); 'auto' (default): those, or the CPU; 'none' for the CPU",
     )
     worker.add_argument("--models", help="comma-separated model names (default: all configured)")
     worker.add_argument(
@@ -129,15 +130,20 @@ def run_api(args: argparse.Namespace) -> int:
 
 def run_worker(args: argparse.Namespace) -> int:
     from app.catalog import load_catalog
-    from workers.devices import parse_gpus
+    from workers.devices import NoGpus, parse_gpus
     from workers.supervisor import queues_for, run_workers
 
     settings = load_settings()
     catalog = load_catalog(settings)
     models = [m.strip() for m in args.models.split(",")] if args.models else None
     queues = [q.strip() for q in args.queues.split(",")] if args.queues else None
+    try:
+        gpus = parse_gpus(args.gpus)
+    except (NoGpus, ValueError) as exc:
+        print(f"diffq worker: {exc}", file=sys.stderr)
+        return 2
     return run_workers(
-        parse_gpus(args.gpus),
+        gpus,
         queues_for(catalog, models, queues),
         args.loglevel,
         name=args.name,

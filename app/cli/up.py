@@ -88,7 +88,7 @@ def run_embedded(bind: str | None) -> int:
 
     group = ProcessGroup()
     worker = group.start(
-        [sys.executable, "-m", "app.cli", "worker", "--gpus", "all"],
+        [sys.executable, "-m", "app.cli", "worker", "--gpus", "auto"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )

@@ -32,6 +32,7 @@ class ErrorCode(StrEnum):
     STORAGE_UNAVAILABLE = "storage_unavailable"
     DEAD_LETTERED = "dead_lettered"
     INTERNAL = "internal_error"
+    CONTENT_FILTERED = "content_filtered"  # the model's safety checker blacked every image
     # Why a job ended canceled:
     CANCELED = "canceled"  # the client asked
     DEADLINE = "deadline"  # not started before its cancel_after

@@ -86,12 +86,13 @@ class FaultStack:
         return worker
 
     def restart_killed_worker(self, supervisor: int | None) -> None:
-        """After a Celery main process was killed, its supervisor (`diffq worker`) exits
-        too: wait for that, then start the worker again."""
-        for name, worker in list(self.workers.items()):
+        """After a Celery main process was killed, its supervisor (`diffq worker`) starts
+        it again by itself: wait until the new one consumes."""
+        for worker in self.workers.values():
             if worker.pid == supervisor:
-                worker.process.wait(timeout=30)
-                self.start_worker(name)
+                worker.wait_for_log(r"restarting it in", timeout=30)
+                restarts = worker.count(r"restarting it in")
+                worker.wait_for_log(r"ready\.", timeout=180, count=restarts + 1)
 
     def ensure_workers(self, names=WORKERS) -> None:
         for name in names:

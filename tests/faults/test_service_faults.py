@@ -48,13 +48,24 @@ def _first_start_after(sc: Scenario, moment: datetime) -> float | None:
     return (first - moment).total_seconds() if first else None
 
 
+def _model_loads(stack) -> int:
+    return sum(worker.count(r"model \S+ loaded on") for worker in stack.workers.values())
+
+
+def _running(sc: Scenario) -> int:
+    return sum(row.status == JobStatus.RUNNING for row in sc.rows().values())
+
+
 def test_f4_broker_stopped_and_restarted_under_steady_submits(fault_stack):
     stack = fault_stack
     stack.ensure_workers()
     sc = Scenario("F4 broker stopped + restarted", stack, stack.new_key())
+    loads_before = _model_loads(stack)
+    running_at_outage = []
     with SteadyLoad(sc, 0.5, prompt="f4", steps=16) as load:
         for outage in (stack.rabbit.stop,):
             time.sleep(3)
+            running_at_outage.append(_running(sc))
             outage()
             sc.figures.faults += 1
             time.sleep(2)
@@ -69,8 +80,15 @@ def test_f4_broker_stopped_and_restarted_under_steady_submits(fault_stack):
             sc.figures.recovery_seconds.append(recovery if recovery is not None else -1)
         time.sleep(3)
     fig = sc.report(sc.settle(180))
-    fig.notes = f"slowest POST {max(load.latencies):.2f}s"
+    reloads = _model_loads(stack) - loads_before
+    fig.notes = (
+        f"slowest POST {max(load.latencies):.2f}s; jobs running at the outage "
+        f"{running_at_outage}; model reloads {reloads}"
+    )
     print(fig.notes)
+    # A blip must not kill the pool process that holds the model (and the running job).
+    assert all(running_at_outage), "no job was running when the broker went away"
+    assert reloads == 0
     assert fig.refused == 0, "every POST during the outages must answer 202"
     assert fig.lost == 0 and fig.duplicate_results == 0, fig.line()
     assert fig.succeeded == len(sc.accepted)

@@ -55,7 +55,10 @@ class JobCreateSchema(ma.Schema):
         strict=True, metadata={"description": "Images in this job, 1..`max_num_images`."}
     )
     scheduler = fields.String(
-        metadata={"description": "default, ddim, euler, euler_a, dpm++ or pndm."}
+        metadata={
+            "description": "One of the model's schedulers: default, ddim, euler, euler_a, "
+            "dpm++, pndm, lms or lcm (few-step models)."
+        }
     )
     output_format = fields.String(
         load_default="png",
@@ -185,6 +188,17 @@ def model_limit_errors(spec: ModelSpec, data: dict[str, Any]) -> dict[str, list[
     count = data.get("num_images")
     if count is not None and not 1 <= count <= spec.max_num_images:
         add("num_images", f"Must be between 1 and {spec.max_num_images} for model '{spec.name}'.")
+    count = data.get("num_images", 1)
+    budget = spec.max_pixels_per_job
+    sized = not {"width", "height", "num_images"} & set(errors)
+    if budget is not None and sized and width * height * count > budget:
+        message = (
+            f"width x height x num_images = {width} x {height} x {count} = "
+            f"{width * height * count} pixels exceeds the {budget} one job may use on "
+            f"model '{spec.name}' (max_pixels_per_job): ask for fewer or smaller images."
+        )
+        for name in ("width", "height", "num_images"):
+            add(name, message)
     scheduler = data.get("scheduler")
     if scheduler is not None and scheduler not in spec.schedulers:
         add("scheduler", f"Must be one of: {', '.join(spec.schedulers)}.")
@@ -266,7 +280,8 @@ class JobErrorSchema(ma.Schema):
     code = fields.String(
         metadata={
             "description": "invalid_input, invalid_message, model_unavailable, gpu_oom, timeout, "
-            "storage_unavailable, dead_lettered, internal_error; for canceled jobs: canceled, "
+            "storage_unavailable, dead_lettered, internal_error, content_filtered (the model's "
+            "safety checker blacked out every image); for canceled jobs: canceled, "
             "deadline"
         }
     )

@@ -1,0 +1,174 @@
+"""A worker runtime in this process, on the real database and store.
+
+Out of memory heals: the job fails `gpu_oom` (dead-lettered, never retried), what the run
+held is released, and the next job on the same runtime succeeds. Images the safety checker
+blacked out are flagged, never silently "succeeded"."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+import pytest
+import torch
+
+from app.db.models import Job
+from app.jobs.payload import build_payload
+from app.jobs.service import create_job
+from app.jobs.states import ErrorCode, JobStatus, Priority
+from app.keys import get_or_create_tenant
+from workers import execute
+
+pytestmark = pytest.mark.services
+
+OOM_ERRORS = {
+    "torch_oom": lambda: torch.cuda.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.11 GiB total capacity)"
+    ),
+    "cublas_alloc": lambda: RuntimeError(
+        "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def runtime(stack):
+    from app.config import load_settings
+    from workers.runtime import build_runtime
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rt = build_runtime(load_settings(), ["gpu.tiny"])
+    yield rt
+    rt.db.dispose()
+    torch.set_num_threads(threads)
+
+
+def _new_job(db, **params):
+    full = {
+        "prompt": "a lighthouse",
+        "negative_prompt": None,
+        "model": "tiny",
+        "width": 64,
+        "height": 64,
+        "steps": 3,
+        "guidance_scale": 7.5,
+        "seed": 1,
+        "num_images": 1,
+        "scheduler": "default",
+        "output_format": "png",
+        "priority": "normal",
+        **params,
+    }
+    with db.session() as session:
+        tenant = get_or_create_tenant(session, "oom-tests")
+        job = create_job(
+            session,
+            tenant.id,
+            model="tiny",
+            queue="gpu.tiny",
+            priority=Priority.NORMAL,
+            params=full,
+            metadata=None,
+        )
+        return job.id, build_payload(job)
+
+
+def _recorded(runtime) -> None:
+    """Wait for the post-processing thread (encode, upload, record) to finish."""
+    if runtime.postprocessor is not None:
+        assert runtime.postprocessor.drain(timeout=60)
+
+
+@pytest.mark.parametrize("kind", sorted(OOM_ERRORS))
+def test_an_oom_fails_the_job_frees_its_memory_and_the_next_job_runs(
+    runtime, db, monkeypatch, kind
+):
+    unet = runtime.models["tiny"].pipeline.unet
+    held: list[weakref.ref] = []
+    forward = unet.forward
+
+    def out_of_memory(*args, **kwargs):
+        activations = torch.ones(8, 1024, 1024)  # 32 MiB that only the traceback holds
+        held.append(weakref.ref(activations))
+        raise OOM_ERRORS[kind]()
+
+    alive_when_freed: list[bool] = []
+    free = execute._free_accelerator_memory
+
+    def probe() -> None:
+        free()
+        alive_when_freed.append(held[0]() is not None)
+
+    monkeypatch.setattr(unet, "forward", out_of_memory)
+    monkeypatch.setattr(execute, "_free_accelerator_memory", probe)
+    job_id, payload = _new_job(db)
+    outcome = execute.execute_job(runtime, payload, redelivered=False)
+    monkeypatch.setattr(unet, "forward", forward)
+    with db.session() as session:
+        failed = session.get(Job, job_id)
+        status, code, attempts = failed.status, failed.error_code, failed.attempts
+    print(f"{kind}: {outcome.verdict} {outcome.reason}; freed, tensor alive: {alive_when_freed}")
+    assert status == JobStatus.FAILED and code == ErrorCode.GPU_OOM.value
+    assert outcome.verdict == execute.Verdict.DEAD_LETTER  # never requeued, never retried
+    assert attempts == 1
+    # The memory went back once the traceback was dropped, not while it pinned the tensors.
+    assert alive_when_freed == [False]
+
+    next_id, next_payload = _new_job(db, seed=2)
+    assert execute.execute_job(runtime, next_payload, redelivered=False).verdict == "ack"
+    _recorded(runtime)
+    with db.session() as session:
+        assert session.get(Job, next_id).status == JobStatus.SUCCEEDED
+    gc.collect()
+
+
+@pytest.mark.parametrize("flags", [[True, True], [True, False]])
+def test_blacked_out_images_never_pass_silently(runtime, db, monkeypatch, flags):
+    pipeline = runtime.models["tiny"].pipeline
+
+    def checker(image, device, dtype):
+        return image * 0, flags
+
+    monkeypatch.setattr(pipeline, "run_safety_checker", checker)
+    job_id, payload = _new_job(db, num_images=2, steps=1)
+    outcome = execute.execute_job(runtime, payload, redelivered=False)
+    _recorded(runtime)
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        status, code, result = job.status, job.error_code, job.result
+    print(f"flags {flags}: {status.value} {code or ''} {outcome.reason}")
+    if all(flags):
+        assert status == JobStatus.FAILED and code == ErrorCode.CONTENT_FILTERED.value
+    else:
+        assert status == JobStatus.SUCCEEDED
+        assert [i.get("nsfw_filtered", False) for i in result["images"]] == flags
+
+
+def test_the_next_job_starts_while_the_last_one_is_uploaded(runtime, db, monkeypatch):
+    """execute_job returns (the message is acked, the GPU is free) before the upload ends;
+    the outcome is recorded afterwards, by the post-processing thread."""
+    assert runtime.postprocessor is not None  # on by default (DIFFQ_POSTPROCESS_DEPTH=2)
+    put = runtime.storage.put
+    release = threading.Event()
+
+    def slow_put(*args, **kwargs):
+        release.wait(30)
+        return put(*args, **kwargs)
+
+    monkeypatch.setattr(runtime.storage, "put", slow_put)
+    job_id, payload = _new_job(db, seed=3)
+    outcome = execute.execute_job(runtime, payload, redelivered=False)
+    with db.session() as session:
+        during = session.get(Job, job_id)
+        status, owner = during.status, during.lease_owner
+    release.set()
+    _recorded(runtime)
+    with db.session() as session:
+        after = session.get(Job, job_id)
+        final, images = after.status, (after.result or {}).get("images", [])
+    print(f"returned: {outcome.reason}; row then {status.value}, after the drain {final.value}")
+    assert outcome.verdict == execute.Verdict.ACK
+    assert status == JobStatus.RUNNING and owner == runtime.owner  # still leased, not lost
+    assert final == JobStatus.SUCCEEDED and len(images) == 1

@@ -1,0 +1,37 @@
+"""One tiny random-weight pipeline per session, run in this process (no services)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline():
+    import torch
+
+    from workers.tiny import build_tiny_pipeline
+
+    # One thread: the tiny model gains nothing from more, and a shared machine loses a lot.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    pipeline = build_tiny_pipeline(seed=0)
+    pipeline.set_progress_bar_config(disable=True)
+    yield pipeline
+    torch.set_num_threads(threads)
+
+
+def job_params(**overrides) -> dict:
+    params = {
+        "prompt": "a red cube",
+        "negative_prompt": None,
+        "width": 64,
+        "height": 64,
+        "steps": 4,
+        "guidance_scale": 7.5,
+        "num_images": 1,
+        "seed": 7,
+        "scheduler": "default",
+        "output_format": "png",
+    }
+    params.update(overrides)
+    return params

@@ -1,0 +1,80 @@
+"""Loading like people do it: fp16 variant files, a separate VAE, bf16 refused where the
+GPU lacks it, the safety checker off unless asked, its blacked images flagged."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from app.catalog import tiny_spec
+from tests.worker.conftest import job_params
+from workers.generation import generate
+from workers.pipelines import ModelLoadError, load_model, load_options, resolve_dtype
+from workers.tiny import build_tiny_pipeline
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, tiny_pipeline):
+    """The tiny model saved as fp16-variant files only, and a different VAE beside it."""
+    root = tmp_path_factory.mktemp("loading")
+    tiny_pipeline.save_pretrained(root / "variant", variant="fp16")
+    other_vae = build_tiny_pipeline(seed=1).vae
+    other_vae.save_pretrained(root / "vae-fix")
+    return root, other_vae
+
+
+def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    pairs = zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    return all(torch.equal(x, y) for x, y in pairs)
+
+
+def test_variant_files_load_only_when_the_model_names_the_variant(saved, tiny_pipeline):
+    root, _ = saved
+    assert list((root / "variant" / "unet").glob("*.fp16.safetensors"))
+    spec = replace(tiny_spec(root / "variant"), variant="fp16")
+    model = load_model(spec, "cpu")
+    assert _same(model.pipeline.unet, tiny_pipeline.unet)
+    with pytest.raises(ModelLoadError):
+        load_model(replace(spec, variant=None), "cpu")  # no plain files to find
+
+
+def test_a_separate_vae_replaces_the_models_own(saved, tiny_pipeline):
+    root, other_vae = saved
+    spec = replace(tiny_spec(root / "variant"), variant="fp16", vae_path=root / "vae-fix")
+    model = load_model(spec, "cpu")
+    assert _same(model.pipeline.vae, other_vae)
+    assert not _same(model.pipeline.vae, tiny_pipeline.vae)
+    with pytest.raises(ModelLoadError, match=r"vae_path .* has no config\.json"):
+        load_model(replace(spec, vae_path=root / "nowhere"), "cpu")
+
+
+def test_bf16_is_refused_where_the_gpu_lacks_it(monkeypatch, tmp_path):
+    spec = replace(tiny_spec(tmp_path), dtype="bfloat16")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *_, **__: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "Tesla T4")
+    with pytest.raises(ModelLoadError, match=r"bfloat16 .* Tesla T4 lacks it: use dtype"):
+        resolve_dtype(spec, "cuda")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *_, **__: True)
+    assert resolve_dtype(spec, "cuda") == torch.bfloat16
+    assert resolve_dtype(spec, "cpu") == torch.float32  # the CPU computes in float32
+
+
+def test_the_safety_checker_is_off_unless_the_model_asks(saved):
+    root, _ = saved
+    spec = tiny_spec(root / "variant")
+    assert load_options(spec, torch.float32)["safety_checker"] is None
+    assert "safety_checker" not in load_options(replace(spec, safety_checker=True), torch.float32)
+
+
+def test_blacked_images_are_flagged(tiny_pipeline, monkeypatch):
+    def checker(image, device, dtype):
+        flags = [i % 2 == 0 for i in range(image.shape[0])]  # the 1st and 3rd image
+        return image * 0, flags
+
+    monkeypatch.setattr(tiny_pipeline, "run_safety_checker", checker)
+    output = generate(
+        tiny_pipeline, job_params(steps=1, num_images=3), device="cpu", on_step=lambda *_: True
+    )
+    assert output.nsfw == [True, False, True] and len(output.images) == 3
