@@ -117,6 +117,7 @@ def run_embedded(bind: str | None) -> int:
     if _wait_ready(url, children, worker_ready):
         print(
             f"\ndiffq is up (embedded: SQLite, local images, filesystem broker)\n"
+            f"  page     {url}/ui\n"
             f"  API      {url}   (docs: {url}/docs)\n"
             f"  API key  {key}\n"
             f"  data     {settings.home}\n\n"

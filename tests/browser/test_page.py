@@ -116,6 +116,13 @@ def test_a_prompt_with_markup_renders_as_text(visit, worker, tenant_key):
     assert page.text_content("#job-list .job-prompt") == XSS
     assert page.locator("img[src='x']").count() == 0
     assert visit.dialogs == []
+
+    page.click("#new-seed")  # the same request again, with a seed of the API's choosing
+    expect(page.locator("#job-list li")).to_have_count(2)
+    listed = requests.get(f"{visit.base_url}/v1/jobs", headers=auth(tenant_key), timeout=10)
+    newer, older = listed.json()["data"]
+    assert newer["input"]["prompt"] == older["input"]["prompt"] == XSS
+    assert newer["input"]["steps"] == 2 and newer["input"]["seed"] != older["input"]["seed"]
     visit.assert_clean()
 
 

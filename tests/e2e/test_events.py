@@ -13,12 +13,17 @@ pytestmark = pytest.mark.services
 ORDER = ["queued", "running", "succeeded"]
 
 
+# The tiny model's steps are cheap at 64 x 64 (its VAE downsamples by 8): jobs that must
+# still be running while the test reads them use the catalog's largest size.
+LONGER = {"width": 256, "height": 192}
+
+
 def _events_url(api_server, job) -> str:
     return f"{api_server.url}/v1/jobs/{job['id']}/events"
 
 
 def test_a_stream_carries_status_and_progress_and_closes_when_done(api_server, worker, tenant_key):
-    job = submit(api_server.url, tenant_key, prompt="stream me", steps=30)
+    job = submit(api_server.url, tenant_key, prompt="stream me", steps=30, **LONGER)
     stream = read_stream(_events_url(api_server, job), tenant_key)
 
     assert stream.closed_by_server
@@ -43,7 +48,7 @@ def test_a_finished_stream_resumed_with_its_last_id_answers_204(api_server, work
 
 
 def test_a_stream_resumed_mid_run_sends_only_newer_events(api_server, worker, tenant_key):
-    job = submit(api_server.url, tenant_key, prompt="resume me", steps=80)
+    job = submit(api_server.url, tenant_key, prompt="resume me", steps=80, **LONGER)
 
     def started(events):
         return any(e.event == "progress" and e.data.get("step", 0) >= 2 for e in events)

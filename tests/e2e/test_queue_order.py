@@ -19,6 +19,11 @@ def get(api_server, key, job_id) -> dict:
     return requests.get(f"{api_server.url}/v1/jobs/{job_id}", headers=auth(key), timeout=10).json()
 
 
+# The tiny model's steps are cheap at 64 x 64 (its VAE downsamples by 8): jobs that must
+# hold the worker while others queue use the catalog's largest size.
+LONGER = {"width": 256, "height": 192}
+
+
 def _start_order(api_server, key, jobs) -> list[str]:
     done = [wait_terminal(api_server.url, key, j["id"], timeout=120) for j in jobs]
     assert all(j["status"] == "succeeded" for j in done), done
@@ -28,11 +33,13 @@ def _start_order(api_server, key, jobs) -> list[str]:
 def test_queued_jobs_report_their_position_and_an_honest_eta(api_server, worker, tenant_key):
     # History for the estimate: the model has finished jobs of two sizes.
     for steps in (2, 20):
-        job = submit(api_server.url, tenant_key, prompt="history", steps=steps)
+        job = submit(api_server.url, tenant_key, prompt="history", steps=steps, **LONGER)
         wait_terminal(api_server.url, tenant_key, job["id"])
-    blocker = submit(api_server.url, tenant_key, prompt="blocker", steps=120)
+    blocker = submit(api_server.url, tenant_key, prompt="blocker", steps=120, **LONGER)
     wait_until(lambda: get(api_server, tenant_key, blocker["id"])["progress"]["step"] >= 5)
-    backlog = [submit(api_server.url, tenant_key, prompt=f"b{i}", steps=30) for i in range(4)]
+    backlog = [
+        submit(api_server.url, tenant_key, prompt=f"b{i}", steps=30, **LONGER) for i in range(4)
+    ]
 
     asked = datetime.now().astimezone()
     views = [get(api_server, tenant_key, job["id"]) for job in backlog]
@@ -62,7 +69,7 @@ def test_queued_jobs_report_their_position_and_an_honest_eta(api_server, worker,
 
 
 def test_a_high_priority_job_starts_before_a_normal_backlog(api_server, worker, tenant_key):
-    blocker = submit(api_server.url, tenant_key, prompt="blocker", steps=60)
+    blocker = submit(api_server.url, tenant_key, prompt="blocker", steps=60, **LONGER)
     wait_until(lambda: get(api_server, tenant_key, blocker["id"])["status"] == "running")
     normals = [submit(api_server.url, tenant_key, prompt=f"n{i}", steps=2) for i in range(4)]
     high = submit(api_server.url, tenant_key, prompt="urgent", steps=2, priority="high")

@@ -73,6 +73,11 @@ def receiver():
     server.stop()
 
 
+# The tiny model's steps are cheap at 64 x 64 (its VAE downsamples by 8): jobs whose
+# events must spread over seconds use the catalog's largest size.
+LONGER = {"width": 256, "height": 192}
+
+
 def _secret(db, key: str) -> str:
     from sqlalchemy import select
 
@@ -145,6 +150,7 @@ def test_every_selected_event_arrives_in_order_and_signed(hooks, receiver, tenan
         tenant_key,
         prompt="hook-2",
         steps=40,
+        **LONGER,
         webhook=f"{receiver.url}/all",
         webhook_events=events,
     )
@@ -175,6 +181,7 @@ def test_410_gone_stops_every_later_event_of_the_job(hooks, receiver, tenant_key
         tenant_key,
         prompt="hook-3",
         steps=60,  # the 410 to job.running lands long before the job ends
+        **LONGER,
         webhook=f"{receiver.url}/gone",
         webhook_events=["job.running", "job.succeeded"],
     )

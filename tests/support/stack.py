@@ -116,6 +116,9 @@ def start_stack(workdir: Path, extra_env: dict[str, str] | None = None) -> Stack
         raise
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("DIFFQ_")},
+        # One torch thread per process: the suite runs several model processes on few
+        # cores, where OpenMP threads spinning against each other cost 10-30x.
+        "OMP_NUM_THREADS": "1",
         "DIFFQ_HOME": str(workdir / "home"),
         "DIFFQ_DATABASE_URL": database_url,
         "DIFFQ_BROKER_URL": broker_url,

@@ -93,11 +93,22 @@ async function openJob(id) {
   }
 }
 
+// The job's own normalized input, so fields the form lacks (scheduler, format) carry over.
+const REPEATED = [
+  "prompt", "negative_prompt", "model", "width", "height", "steps", "guidance_scale",
+  "seed", "num_images", "scheduler", "output_format",
+];
+
 function again(newSeed) {
   const job = currentJob();
   if (!job) return;
   fillForm(job.input, { newSeed });
-  submit(readRequest());
+  const body = {};
+  for (const name of REPEATED) {
+    if (job.input[name] !== null && job.input[name] !== undefined) body[name] = job.input[name];
+  }
+  if (newSeed) delete body.seed;
+  submit(body);
 }
 
 document.addEventListener("DOMContentLoaded", () => {
