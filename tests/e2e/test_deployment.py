@@ -22,10 +22,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import requests
+import yaml
 from standardwebhooks.webhooks import Webhook
 
 from tests.support import services
 from tests.support.deployment import (
+    DEPLOY,
     SECRET_KEYS,
     LocalRole,
     compose_workloads,
@@ -167,6 +169,11 @@ def _run_deployment(source: str, stack, tmp_path) -> None:
             "S3_PUBLIC_URL": s3["DIFFQ_S3_ENDPOINT_URL"],
         }
         workloads = compose_workloads(variables)
+        # Before the secrets are swapped for this run's: each points at a compose service.
+        defined = set(yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"])
+        for workload in workloads:
+            for key in ("DIFFQ_DATABASE_URL", "DIFFQ_BROKER_URL", "DIFFQ_S3_ENDPOINT_URL"):
+                assert urlsplit(workload.env[key]).hostname in defined, (workload.name, key)
         model_files = [m.files["models.toml"] for w in workloads for m in w.mounts if m.files]
     else:
         if shutil.which("kubectl") is None:
