@@ -109,6 +109,9 @@ class Settings:
     max_queued: int  # queued jobs per tenant; 0: no cap
     max_running: int  # a tenant's jobs in flight (in the broker or running); 0: no cap
     result_retention: float  # seconds a succeeded job's images are kept; 0: forever
+    max_wait: int  # cap on `Prefer: wait=N` and the OpenAI endpoint's wait, seconds
+    wait_slots: int  # requests one API process holds waiting at once; past it, no wait
+    ws_ticket_ttl: int  # seconds a WebSocket ticket stays valid
 
     @property
     def embedded(self) -> bool:
@@ -192,4 +195,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_queued=_int(env, "DIFFQ_MAX_QUEUED", 1000),
         max_running=_int(env, "DIFFQ_MAX_RUNNING", 0),
         result_retention=_float(env, "DIFFQ_RESULT_RETENTION", 30 * 86400.0),
+        max_wait=_int(env, "DIFFQ_MAX_WAIT", 60),
+        wait_slots=_int(env, "DIFFQ_WAIT_SLOTS", 128),
+        ws_ticket_ttl=_int(env, "DIFFQ_WS_TICKET_TTL", 60),
     )

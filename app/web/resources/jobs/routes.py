@@ -20,19 +20,21 @@ from app.publish import publish_and_mark
 from app.web.auth import current_tenant, require_api_key
 from app.web.resources.jobs.presenter import decode_cursor, encode_cursor, job_view
 from app.web.resources.jobs.schemas import (
-    IdempotencyHeaderSchema,
     JobCreateSchema,
     JobListQuerySchema,
     JobPageSchema,
     JobSchema,
+    SubmitHeadersSchema,
 )
-from app.web.services import request_session, services
+from app.web.services import close_request_session, request_session, services
+from app.web.wait import requested_wait, wait_for_finish
 
 blp = Blueprint(
     "jobs", __name__, url_prefix="/v1/jobs", description="Submit generation jobs and follow them."
 )
 blp.before_request(require_api_key)
 
+SUBMIT_EXAMPLE = {"prompt": "a lighthouse at dusk", "steps": 20, "seed": 42}
 LOCATION_HEADER = {"Location": {"description": "The new job's URL.", "schema": {"type": "string"}}}
 
 
@@ -51,22 +53,42 @@ def _body_hash() -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _replay(job, body_hash: str, key: str):
+def _answer(job, wait: int | None, headers: dict[str, str]):
+    """202 with the job as it is; with `Prefer: wait=N`, 200 once it finished within N s."""
+    if wait is not None and not job.status.terminal:
+        tenant_id, job_id = job.tenant_id, job.id
+        close_request_session()  # no connection is held while waiting
+        finished = wait_for_finish(services(), tenant_id, job_id, wait)
+        if finished is not None:
+            job = finished
+    view = _view(job)
+    headers = {"Location": view["urls"]["self"], **headers}
+    if wait is not None and job.status.terminal:
+        return view, 200, {**headers, "Preference-Applied": f"wait={wait}"}
+    return view, 202, headers
+
+
+def _replay(job, body_hash: str, key: str, wait: int | None = None):
     """The original job for a repeated Idempotency-Key, or 409 if the body differs."""
     if job.request_hash != body_hash:
         abort(
             409,
             message=f"Idempotency-Key {key!r} was already used with a different request body.",
         )
-    view = _view(job)
-    return view, 202, {"Location": view["urls"]["self"], "Idempotent-Replayed": "true"}
+    return _answer(job, wait, {"Idempotent-Replayed": "true"})
 
 
 @blp.route("")
 class Jobs(MethodView):
-    @blp.arguments(IdempotencyHeaderSchema, location="headers")
-    @blp.arguments(JobCreateSchema)
+    @blp.arguments(SubmitHeadersSchema, location="headers")
+    @blp.arguments(JobCreateSchema, example=SUBMIT_EXAMPLE)
     @blp.response(202, JobSchema, headers=LOCATION_HEADER)
+    @blp.alt_response(
+        200,
+        schema=JobSchema,
+        description="With `Prefer: wait=N`: the job finished (succeeded, failed or canceled) "
+        "within N seconds; `Preference-Applied: wait=N`.",
+    )
     @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(409, description="Idempotency-Key reused with a different body.")
     @blp.alt_response(413, description="Body larger than DIFFQ_MAX_BODY_BYTES.")
@@ -82,10 +104,13 @@ class Jobs(MethodView):
         The job is stored, then queued; the answer comes before any GPU work. Poll the
         `Location` URL, or follow its `events` stream, for status and result. With an
         `Idempotency-Key` header, repeating the request returns the original job (with
-        `Idempotent-Replayed: true`) instead of creating another.
+        `Idempotent-Replayed: true`) instead of creating another. With `Prefer: wait=N`
+        the answer waits up to N seconds for the job to finish (`200`); a client that
+        disconnects while waiting leaves the job running.
         """
         svc = services()
         spec, params = request_data["spec"], request_data["params"]
+        wait = requested_wait(headers.get("prefer"), svc.settings.max_wait)
         key = headers.get("idempotency_key")
         body_hash = _body_hash() if key else None
         session = request_session()
@@ -93,7 +118,7 @@ class Jobs(MethodView):
         if key:
             existing = service.find_by_idempotency_key(session, tenant_id, key)
             if existing is not None:
-                return _replay(existing, body_hash, key)
+                return _replay(existing, body_hash, key, wait)
         quota = reserve_queued_slot(session, tenant_id, svc.settings.max_queued)
         if not quota.allowed:
             abort(
@@ -125,13 +150,12 @@ class Jobs(MethodView):
             existing = service.find_by_idempotency_key(session, tenant_id, key) if key else None
             if existing is None:
                 raise
-            return _replay(existing, body_hash, key)
+            return _replay(existing, body_hash, key, wait)
         # Committed first: a publish that fails leaves a durable row for the relay.
         if admitted:  # else it waits here until the relay lets it through
             publish_and_mark(svc.db, svc.publisher, job)
         JOBS_SUBMITTED.labels(job.model).inc()
-        view = _view(job)
-        return view, 202, {"Location": view["urls"]["self"]}
+        return _answer(job, wait, {})
 
     @blp.arguments(JobListQuerySchema, location="query")
     @blp.response(200, JobPageSchema)

@@ -224,6 +224,19 @@ class IdempotencyHeaderSchema(ma.Schema):
     )
 
 
+class SubmitHeadersSchema(IdempotencyHeaderSchema):
+    prefer = fields.String(
+        data_key="Prefer",
+        validate=validate.Length(max=200),
+        metadata={
+            "description": "`wait=N` (RFC 7240): hold the answer up to N seconds (capped by "
+            "DIFFQ_MAX_WAIT, 60) and answer `200` with the finished job, or the usual `202` "
+            "when it is not done by then. Either way it is the same single job.",
+            "example": "wait=30",
+        },
+    )
+
+
 class JobListQuerySchema(ma.Schema):
     status = fields.String(
         validate=validate.OneOf([s.value for s in JobStatus]),
