@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Job
 from app.jobs import transitions
+from app.jobs.cache import cache_key
 from app.jobs.payload import InvalidPayload, parse_payload
 from app.jobs.states import ErrorCode
 from app.logs import job_context
@@ -27,8 +29,9 @@ from app.metrics.instruments import (
 from app.storage import StorageUnavailable, image_key
 from app.storage.retry import put_with_retry
 from workers.encoding import encode_image
-from workers.generation import Interrupted, generate_images
+from workers.generation import Interrupted, generate_images, job_scheduler
 from workers.lease import LeaseKeeper
+from workers.manifest import job_manifest
 from workers.pipelines import LoadedModel
 from workers.progress import ProgressReporter
 from workers.runtime import WorkerRuntime
@@ -220,10 +223,22 @@ def _generate_and_store(
             raise  # the task hands the message back: the outcome could not be recorded
         log.exception("job %s crashed", job.id, extra={"job_id": str(job.id)})
         return _fail(rt, job, ErrorCode.INTERNAL, f"internal error ({type(exc).__name__})")
+    manifest = job_manifest(
+        model.manifest or {},
+        job_scheduler(model.pipeline, params.get("scheduler", "default")),
+        int(params["seed"]),
+    )
+    # The cache key from the weights this worker ran, not the ones the API assumed.
+    key = cache_key(model.digest, params) if job.cache_key and model.digest else None
     recorded = _record(
         rt,
         lambda session: transitions.finish_succeeded(
-            session, job.id, owner=rt.owner, result={"images": uploaded, "steps": steps}
+            session,
+            job.id,
+            owner=rt.owner,
+            result={"images": uploaded, "steps": steps},
+            manifest=manifest,
+            cache_key=key,
         ),
     )
     elapsed = time.perf_counter() - started
@@ -285,6 +300,7 @@ def _encode_and_upload(
                 "seed": int(params["seed"]) + index,
                 "content_type": encoded.content_type,
                 "bytes": len(encoded.data),
+                "sha256": hashlib.sha256(encoded.data).hexdigest(),
             }
         )
     return results

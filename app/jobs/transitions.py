@@ -148,8 +148,9 @@ def record_progress(
 
 
 def finish_succeeded(
-    session: Session, job_id: uuid.UUID, *, owner: str, result: dict[str, Any]
+    session: Session, job_id: uuid.UUID, *, owner: str, result: dict[str, Any], **extra: Any
 ) -> bool:
+    """`extra`: more columns to set with it (the manifest, the result cache's key)."""
     steps = result.get("steps", 0)
     return change(
         session,
@@ -162,6 +163,7 @@ def finish_succeeded(
         finished_at=utcnow(),
         lease_owner=None,
         lease_expires_at=None,
+        **extra,
     )
 
 

@@ -60,7 +60,7 @@ def test_a_client_that_gives_up_waiting_leaves_the_job_running(api_server, worke
     listed = requests.get(f"{api_server.url}/v1/jobs", headers=auth(tenant_key), timeout=10).json()
     assert len(listed["data"]) == 1
     job = wait_terminal(api_server.url, tenant_key, listed["data"][0]["id"])
-    assert job["status"] == "succeeded"
+    assert job["status"] == "succeeded", job["error"]
 
 
 def test_a_bad_prefer_header_is_a_422_naming_it(api_server, tenant_key):

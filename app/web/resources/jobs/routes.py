@@ -9,14 +9,10 @@ import uuid
 from flask import redirect, request
 from flask.views import MethodView
 from flask_smorest import Blueprint, abort
-from sqlalchemy.exc import IntegrityError
 
 from app.jobs import service, transitions
 from app.jobs.queue_info import queue_info
-from app.jobs.states import ErrorCode, JobStatus, Priority
-from app.limits import may_admit, reserve_queued_slot
-from app.metrics.instruments import JOBS_SUBMITTED
-from app.publish import publish_and_mark
+from app.jobs.states import ErrorCode, JobStatus
 from app.web.auth import current_tenant, require_api_key
 from app.web.resources.jobs.presenter import decode_cursor, encode_cursor, job_view
 from app.web.resources.jobs.schemas import (
@@ -26,6 +22,7 @@ from app.web.resources.jobs.schemas import (
     JobSchema,
     SubmitHeadersSchema,
 )
+from app.web.resources.jobs.submit import submit
 from app.web.services import close_request_session, request_session, services
 from app.web.wait import requested_wait, wait_for_finish
 
@@ -44,8 +41,10 @@ def _not_found() -> None:
 
 def _view(job) -> dict:
     svc = services()
-    info = queue_info(request_session(), job) if job.status == JobStatus.QUEUED else None
-    return job_view(job, svc.storage, svc.settings.presign_ttl, info)
+    session = request_session()
+    info = queue_info(session, job) if job.status == JobStatus.QUEUED else None
+    original = service.get_job(session, job.tenant_id, job.replay_of) if job.replay_of else None
+    return job_view(job, svc.storage, svc.settings.presign_ttl, info, original)
 
 
 def _body_hash() -> str:
@@ -66,16 +65,6 @@ def _answer(job, wait: int | None, headers: dict[str, str]):
     if wait is not None and job.status.terminal:
         return view, 200, {**headers, "Preference-Applied": f"wait={wait}"}
     return view, 202, headers
-
-
-def _replay(job, body_hash: str, key: str, wait: int | None = None):
-    """The original job for a repeated Idempotency-Key, or 409 if the body differs."""
-    if job.request_hash != body_hash:
-        abort(
-            409,
-            message=f"Idempotency-Key {key!r} was already used with a different request body.",
-        )
-    return _answer(job, wait, {"Idempotent-Replayed": "true"})
 
 
 @blp.route("")
@@ -108,54 +97,10 @@ class Jobs(MethodView):
         the answer waits up to N seconds for the job to finish (`200`); a client that
         disconnects while waiting leaves the job running.
         """
-        svc = services()
-        spec, params = request_data["spec"], request_data["params"]
-        wait = requested_wait(headers.get("prefer"), svc.settings.max_wait)
+        wait = requested_wait(headers.get("prefer"), services().settings.max_wait)
         key = headers.get("idempotency_key")
-        body_hash = _body_hash() if key else None
-        session = request_session()
-        tenant_id = current_tenant()
-        if key:
-            existing = service.find_by_idempotency_key(session, tenant_id, key)
-            if existing is not None:
-                return _replay(existing, body_hash, key, wait)
-        quota = reserve_queued_slot(session, tenant_id, svc.settings.max_queued)
-        if not quota.allowed:
-            abort(
-                429,
-                message=f"Too many queued jobs: at most {svc.settings.max_queued} per tenant.",
-                headers={"Retry-After": str(quota.retry_after)},
-            )
-        admitted = may_admit(session, tenant_id, svc.settings.max_running)
-        try:
-            job = service.create_job(
-                session,
-                tenant_id,
-                model=spec.name,
-                queue=spec.queue,
-                priority=Priority(params["priority"]),
-                params=params,
-                metadata=request_data["metadata"],
-                deadline_seconds=request_data["cancel_after"],
-                idempotency_key=key,
-                request_hash=body_hash,
-                webhook_url=request_data["webhook"],
-                webhook_events=request_data["webhook_events"],
-                admitted=admitted,
-            )
-            session.commit()
-        except IntegrityError:
-            # A concurrent request with the same key committed first: answer with its job.
-            session.rollback()
-            existing = service.find_by_idempotency_key(session, tenant_id, key) if key else None
-            if existing is None:
-                raise
-            return _replay(existing, body_hash, key, wait)
-        # Committed first: a publish that fails leaves a durable row for the relay.
-        if admitted:  # else it waits here until the relay lets it through
-            publish_and_mark(svc.db, svc.publisher, job)
-        JOBS_SUBMITTED.labels(job.model).inc()
-        return _answer(job, wait, {})
+        made = submit(request_data, idempotency_key=key, body_hash=_body_hash() if key else None)
+        return _answer(made.job, wait, {"Idempotent-Replayed": "true"} if made.replayed else {})
 
     @blp.arguments(JobListQuerySchema, location="query")
     @blp.response(200, JobPageSchema)
@@ -222,6 +167,39 @@ class JobCancel(MethodView):
         session.commit()
         session.refresh(job)
         return _view(job)
+
+
+@blp.route("/<uuid:job_id>/replay")
+class JobReplay(MethodView):
+    @blp.arguments(SubmitHeadersSchema, location="headers")
+    @blp.response(202, JobSchema, headers=LOCATION_HEADER)
+    @blp.alt_response(
+        200, schema=JobSchema, description="With `Prefer: wait=N`: the replay finished in time."
+    )
+    @blp.alt_response(401, description="No or bad API key.")
+    @blp.alt_response(404, description="No such job (or not yours).")
+    @blp.alt_response(409, description="The job's model is no longer configured.")
+    @blp.alt_response(429, description="Over the rate or the cap on queued jobs.")
+    def post(self, headers, job_id: uuid.UUID):
+        """Replay a job
+
+        Runs the job's normalized inputs (seed included) again as a new job, never from the
+        result cache. Once both have finished, the new job's `replay.bytes_match` says
+        whether its images are byte for byte the original's; compare the two `manifest`s
+        to see what differed (weights, scheduler, dtype, device, versions).
+        """
+        svc = services()
+        original = service.get_job(request_session(), current_tenant(), job_id)
+        if original is None:
+            _not_found()
+        spec = svc.catalog.get(original.model)
+        if spec is None:
+            abort(409, message=f"Model {original.model!r} is no longer configured.")
+        made = submit(
+            {"spec": spec, "params": dict(original.input), "seeded": True, "cache": False},
+            replay_of=original.id,
+        )
+        return _answer(made.job, requested_wait(headers.get("prefer"), svc.settings.max_wait), {})
 
 
 @blp.route("/<uuid:job_id>/images/<int:index>")
