@@ -55,9 +55,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.web.resources.jobs.events import blp as events_blp
     from app.web.resources.jobs.routes import blp as jobs_blp
     from app.web.resources.jobs.webhooks import blp as webhooks_blp
+    from app.web.resources.jobs.ws import blp as ws_blp
     from app.web.resources.openai.routes import blp as openai_blp
 
-    blueprints = (jobs_blp, events_blp, webhooks_blp, health_blp, files_blp, openai_blp)
+    blueprints = (jobs_blp, events_blp, ws_blp, webhooks_blp, health_blp, files_blp, openai_blp)
     for blueprint in blueprints:
         api.register_blueprint(blueprint)
     register_error_handlers(app, api)

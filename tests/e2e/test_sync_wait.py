@@ -56,7 +56,7 @@ def test_a_job_not_done_in_time_is_a_202_and_the_same_single_job(api_server, ten
 
 def test_a_client_that_gives_up_waiting_leaves_the_job_running(api_server, worker, tenant_key):
     with pytest.raises(requests.exceptions.ReadTimeout):
-        _post(api_server, tenant_key, {"prompt": "gone", "steps": 40}, prefer="wait=60", timeout=1)
+        _post(api_server, tenant_key, {"prompt": "gone", "steps": 20}, prefer="wait=60", timeout=1)
     listed = requests.get(f"{api_server.url}/v1/jobs", headers=auth(tenant_key), timeout=10).json()
     assert len(listed["data"]) == 1
     job = wait_terminal(api_server.url, tenant_key, listed["data"][0]["id"])
