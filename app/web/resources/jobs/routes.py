@@ -20,6 +20,7 @@ from app.web.resources.jobs.schemas import (
     JobListQuerySchema,
     JobPageSchema,
     JobSchema,
+    PreferHeaderSchema,
     SubmitHeadersSchema,
 )
 from app.web.resources.jobs.submit import submit
@@ -171,7 +172,7 @@ class JobCancel(MethodView):
 
 @blp.route("/<uuid:job_id>/replay")
 class JobReplay(MethodView):
-    @blp.arguments(SubmitHeadersSchema, location="headers")
+    @blp.arguments(PreferHeaderSchema, location="headers")
     @blp.response(202, JobSchema, headers=LOCATION_HEADER)
     @blp.alt_response(
         200, schema=JobSchema, description="With `Prefer: wait=N`: the replay finished in time."

@@ -235,7 +235,10 @@ class IdempotencyHeaderSchema(ma.Schema):
     )
 
 
-class SubmitHeadersSchema(IdempotencyHeaderSchema):
+class PreferHeaderSchema(ma.Schema):
+    class Meta:
+        unknown = ma.EXCLUDE  # every other header
+
     prefer = fields.String(
         data_key="Prefer",
         validate=validate.Length(max=200),
@@ -246,6 +249,10 @@ class SubmitHeadersSchema(IdempotencyHeaderSchema):
             "example": "wait=30",
         },
     )
+
+
+class SubmitHeadersSchema(IdempotencyHeaderSchema, PreferHeaderSchema):
+    pass
 
 
 class JobListQuerySchema(ma.Schema):

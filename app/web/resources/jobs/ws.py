@@ -35,6 +35,7 @@ blp = Blueprint(
 CLOSE_CODES = {"succeeded": 4000, "failed": 4001, "canceled": 4002}
 CLOSE_GONE = 4004  # the job disappeared while followed
 MAX_TICKET_CHARS = 512
+MAX_CLIENT_MESSAGE = 1024
 
 
 def _tickets() -> URLSafeTimedSerializer:
@@ -162,7 +163,10 @@ class JobWebSocket(MethodView):
             abort(400, message="Expected a WebSocket handshake (Upgrade: websocket).")
         close_request_session()  # no connection is held while the socket is open
         ws = Server.accept(
-            request.environ, ping_interval=services().settings.sse_keepalive, receive_bytes=1024
+            request.environ,
+            ping_interval=services().settings.sse_keepalive,
+            receive_bytes=1024,
+            max_message_size=MAX_CLIENT_MESSAGE,  # clients have nothing to say; bigger: closed
         )
         try:
             _follow(ws, job_id, tenant_id, last_seen)
@@ -179,6 +183,8 @@ def _follow(ws: Server, job_id: uuid.UUID, tenant_id: uuid.UUID, last_seen: int)
     for event in job_events(job_id, tenant_id, last_seen):
         if not ws.connected:
             return
+        while ws.receive(timeout=0) is not None:
+            pass  # anything a client sends is read and dropped
         if event is None:
             continue  # idle: the reader thread pings
         name, event_id, data = event
