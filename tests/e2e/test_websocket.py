@@ -50,7 +50,7 @@ def _read_all(url: str, headers=None, stop=None):
 
 
 def test_events_arrive_in_order_and_the_close_code_says_succeeded(api_server, worker, tenant_key):
-    job = submit(api_server.url, tenant_key, prompt="socket me", steps=30)
+    job = submit(api_server.url, tenant_key, prompt="socket me", steps=10)
     messages, close = _read_all(_ws_url(api_server, job["id"]), auth(tenant_key))
     statuses = [m["data"]["status"] for m in messages if m["event"] == "status"]
     assert statuses[-1] == "succeeded" and "running" in statuses
@@ -67,7 +67,7 @@ def test_events_arrive_in_order_and_the_close_code_says_succeeded(api_server, wo
 
 
 def test_a_resumed_socket_sends_only_newer_events(api_server, worker, tenant_key):
-    job = submit(api_server.url, tenant_key, prompt="resume socket", steps=40)
+    job = submit(api_server.url, tenant_key, prompt="resume socket", steps=12)
 
     def started(messages):
         return any(m["event"] == "progress" and m["data"].get("step", 0) >= 2 for m in messages)
