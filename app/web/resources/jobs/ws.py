@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import uuid
 
+import flask
 from flask import Response, g, request, url_for
 from flask.views import MethodView
 from flask_smorest import Blueprint, abort
@@ -212,3 +213,11 @@ class _Done(Response):
         if self._mode == "werkzeug":
             return super().__call__(environ, start_response)
         return []
+
+
+# A plain GET (no Upgrade) does not match a WebSocket rule; this twin of the route gives
+# it the same answers (401, 404, then 400) instead of werkzeug's bare 400. Added through
+# Flask's own add_url_rule so that the OpenAPI document lists the path once.
+flask.Blueprint.add_url_rule(
+    blp, "/<uuid:job_id>/ws", view_func=JobWebSocket.as_view("JobWebSocketPlain")
+)
