@@ -131,6 +131,9 @@ class Settings:
     gpu_prices: dict[str, float]  # price of one GPU-second per device name ("*": any other)
     price_currency: str
     metrics_top_tenants: int  # tenants named in per-tenant metrics; the rest sum as "other"
+    max_wait: int  # cap on `Prefer: wait=N` and the OpenAI endpoint's wait, seconds
+    wait_slots: int  # requests one API process holds waiting at once; past it, no wait
+    ws_ticket_ttl: int  # seconds a WebSocket ticket stays valid
     # Finished jobs waiting for their encode/upload/record while the GPU runs the next
     # (workers/postprocess.py); 0: all of it inline, before the next job starts.
     postprocess_depth: int = 2
@@ -223,4 +226,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         price_currency=env.get("DIFFQ_PRICE_CURRENCY") or "USD",
         metrics_top_tenants=_int(env, "DIFFQ_METRICS_TOP_TENANTS", 10),
         postprocess_depth=_int(env, "DIFFQ_POSTPROCESS_DEPTH", 2),
+        max_wait=_int(env, "DIFFQ_MAX_WAIT", 60),
+        wait_slots=_int(env, "DIFFQ_WAIT_SLOTS", 128),
+        ws_ticket_ttl=_int(env, "DIFFQ_WS_TICKET_TTL", 60),
     )

@@ -40,7 +40,8 @@ def remove_expired_results(
     removed = 0
     for job in jobs:
         try:
-            for image in (job.result or {}).get("images", []):
+            # A cached copy's images are its source's: they go with the source.
+            for image in [] if job.cached_from else (job.result or {}).get("images", []):
                 storage.delete(image["key"])
         except StorageError as exc:
             log.warning("retention: job %s images not deleted yet (%s)", job.id, exc)
@@ -53,6 +54,17 @@ def remove_expired_results(
                 result=None,
                 data_removed_at=utcnow(),
             )
+            copies = session.scalars(
+                select(Job.id).where(Job.cached_from == job.id, Job.data_removed_at.is_(None))
+            ).all()
+            for copy_id in copies:  # their images were these
+                transitions.change(
+                    session,
+                    copy_id,
+                    Job.data_removed_at.is_(None),
+                    result=None,
+                    data_removed_at=utcnow(),
+                )
     if removed:
         log.info("retention: removed the images of %d job(s)", removed)
     return removed

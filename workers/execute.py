@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -19,6 +20,7 @@ from app import usage
 from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs import fairness, transitions
+from app.jobs.cache import cache_key
 from app.jobs.payload import InvalidPayload, parse_payload
 from app.jobs.states import ErrorCode, JobStatus
 from app.logs import job_context
@@ -31,8 +33,9 @@ from app.metrics.instruments import (
 from app.storage import StorageUnavailable, image_key
 from app.storage.retry import put_with_retry
 from workers.encoding import encode_image
-from workers.generation import Generation, Interrupted, generate
+from workers.generation import Generation, Interrupted, generate, job_scheduler
 from workers.lease import LeaseKeeper
+from workers.manifest import job_manifest
 from workers.pipelines import LoadedModel, device_name
 from workers.progress import ProgressReporter
 from workers.runtime import WorkerRuntime
@@ -257,9 +260,20 @@ def _generate_and_store(
         pipeline_started = time.perf_counter()
         output = generate(model.pipeline, params, device=model.device, on_step=reporter.step)
         generated = time.perf_counter()
-        charge = usage.Charge(
-            generated - pipeline_started, device_name(model.device), len(output.images)
-        )
+        outcome = {
+            "charge": usage.Charge(
+                generated - pipeline_started, device_name(model.device), len(output.images)
+            ),
+            "manifest": job_manifest(
+                model.manifest or {},
+                job_scheduler(model.pipeline, params.get("scheduler", "default")),
+                int(params["seed"]),
+            ),
+            # The cache key from the weights this worker ran, not the ones the API assumed.
+            "cache_key": cache_key(model.digest, params)
+            if job.cache_key and model.digest
+            else None,
+        }
         if all(output.nsfw):
             return _fail(
                 rt,
@@ -269,8 +283,8 @@ def _generate_and_store(
             )
         if rt.postprocessor is None:
             reporter.stage("uploading", steps, steps)
-            return _finish(rt, job, output, charge, (started, generated, reporter.writes))
-        return _finish_later(rt, job, output, charge, (started, generated), reporter, renew)
+            return _finish(rt, job, output, outcome, (started, generated, reporter.writes))
+        return _finish_later(rt, job, output, outcome, (started, generated), reporter, renew)
     except Interrupted:
         return _stopped(rt, job, reporter.last_step)
     except SoftTimeLimitExceeded:
@@ -290,7 +304,7 @@ def _generate_and_store(
 
 
 def _finish(
-    rt: WorkerRuntime, job: Job, output: Generation, charge: usage.Charge, timing: tuple
+    rt: WorkerRuntime, job: Job, output: Generation, outcome: dict[str, Any], timing: tuple
 ) -> Outcome:
     """Encode, upload and record a generated job (inline, or on the post-processing thread)."""
     params = job.input
@@ -303,14 +317,14 @@ def _finish(
     for entry, flagged in zip(uploaded, output.nsfw, strict=True):
         if flagged:
             entry["nsfw_filtered"] = True  # a black image, not what was asked for
-    return _succeeded(rt, job, uploaded, int(params["steps"]), charge, *timing)
+    return _succeeded(rt, job, uploaded, int(params["steps"]), outcome, *timing)
 
 
 def _finish_later(
     rt: WorkerRuntime,
     job: Job,
     output: Generation,
-    charge: usage.Charge,
+    outcome: dict[str, Any],
     timing: tuple,
     reporter: ProgressReporter,
     renew: Callable[[], bool],
@@ -334,7 +348,7 @@ def _finish_later(
             with job_context(**context):
                 # Even the stage write is off the GPU's path.
                 reporter.stage("uploading", steps, steps)
-                return _finish(rt, job, output, charge, (*timing, reporter.writes))
+                return _finish(rt, job, output, outcome, (*timing, reporter.writes))
         finally:
             lease.close()
 
@@ -357,7 +371,7 @@ def _succeeded(
     job: Job,
     uploaded: list[dict[str, Any]],
     steps: int,
-    charge: usage.Charge,
+    outcome: dict[str, Any],
     started: float,
     generated: float,
     progress_writes: int,
@@ -369,7 +383,7 @@ def _succeeded(
             job.id,
             owner=rt.owner,
             result={"images": uploaded, "steps": steps},
-            charge=charge,
+            **outcome,
         ),
     )
     elapsed = time.perf_counter() - started
@@ -431,6 +445,7 @@ def _encode_and_upload(
                 "seed": int(params["seed"]) + index,
                 "content_type": encoded.content_type,
                 "bytes": len(encoded.data),
+                "sha256": hashlib.sha256(encoded.data).hexdigest(),
             }
         )
     return results

@@ -31,18 +31,20 @@ def _job_pipeline(pipeline: Any, scheduler_name: str) -> Any:
     Schedulers hold per-run state (timesteps, step index), so two jobs must never share
     one; the copy also keeps `_interrupt` and callbacks per job.
     """
+    job_pipeline = copy.copy(pipeline)
+    job_pipeline.scheduler = job_scheduler(pipeline, scheduler_name)
+    return job_pipeline
+
+
+def job_scheduler(pipeline: Any, scheduler_name: str) -> Any:
+    """A new scheduler of the requested kind, configured from the pipeline's."""
     import diffusers
 
-    job_pipeline = copy.copy(pipeline)
     config = pipeline.scheduler.config
     if scheduler_name == "default":
-        job_pipeline.scheduler = type(pipeline.scheduler).from_config(config)
-    else:
-        cls = getattr(diffusers, SCHEDULER_CLASSES[scheduler_name])
-        job_pipeline.scheduler = cls.from_config(
-            config, **SCHEDULER_OPTIONS.get(scheduler_name, {})
-        )
-    return job_pipeline
+        return type(pipeline.scheduler).from_config(config)
+    cls = getattr(diffusers, SCHEDULER_CLASSES[scheduler_name])
+    return cls.from_config(config, **SCHEDULER_OPTIONS.get(scheduler_name, {}))
 
 
 @dataclass(frozen=True)

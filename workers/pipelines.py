@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.catalog import ModelSpec
+from workers.manifest import model_manifest, weights_digest
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,9 @@ class LoadedModel:
     pipeline: Any
     device: str
     load_seconds: float
+    # SHA-256 of the weight files and the manifest fields the model fixes (workers/manifest.py).
+    digest: str = ""
+    manifest: dict[str, Any] | None = None
 
 
 def check_model_dir(spec: ModelSpec) -> None:
@@ -138,7 +142,16 @@ def load_model(spec: ModelSpec, device: str) -> LoadedModel:
     except Exception as exc:
         raise ModelLoadError(f"model {spec.name!r} failed to load from {spec.path}: {exc}") from exc
     pipeline.set_progress_bar_config(disable=True)
-    return LoadedModel(spec, pipeline, device, time.perf_counter() - started)
+    loaded_seconds = time.perf_counter() - started
+    digest = weights_digest(spec.path)
+    log.info(
+        "model %s weights sha256 %s (%.2fs)",
+        spec.name,
+        digest[:16],
+        time.perf_counter() - started - loaded_seconds,
+    )
+    manifest = model_manifest(spec.name, digest, str(dtype).removeprefix("torch."), device)
+    return LoadedModel(spec, pipeline, device, loaded_seconds, digest, manifest)
 
 
 def warm_up(model: LoadedModel) -> float:

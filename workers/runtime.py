@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from app.catalog import Catalog, load_catalog
 from app.config import Settings
 from app.db.session import Database
+from app.jobs.cache import record_model_digest
 from app.jobs.listener import Listener
 from app.jobs.notify import CANCEL_CHANNEL
 from app.storage import Storage, open_storage
@@ -81,7 +82,8 @@ def build_runtime(settings: Settings, queues: list[str]) -> WorkerRuntime:
         weights = (spec.path.resolve(), spec.dtype)
         shared = loaded.get(weights)
         if shared is not None:
-            models[name] = replace(shared, spec=spec)
+            manifest = {**(shared.manifest or {}), "model": name}
+            models[name] = replace(shared, spec=spec, manifest=manifest)
             log.info("model %s shares the pipeline already loaded from %s", name, spec.path)
             continue
         model = load_model(spec, device)
@@ -109,6 +111,9 @@ def build_runtime(settings: Settings, queues: list[str]) -> WorkerRuntime:
             PostProcessor(settings.postprocess_depth) if settings.postprocess_depth > 0 else None
         ),
     )
+    with runtime.db.session() as session:
+        for name, model in models.items():  # what the result cache keys on
+            record_model_digest(session, name, model.digest)
     if runtime.db.engine.dialect.name == "postgresql":
         # Cancels reach a running job within one step; elsewhere, at the next progress write.
         Listener(settings.database_url, [CANCEL_CHANNEL], runtime.on_cancel).start()

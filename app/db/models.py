@@ -29,6 +29,8 @@ from app.db.types import JSONType, UTCDateTime, utcnow
 from app.ids import uuid7
 from app.jobs.states import JobStatus, Priority
 
+CACHE_WHERE = "status = 'succeeded' AND data_removed_at IS NULL AND cache_key IS NOT NULL"
+
 
 def new_webhook_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
@@ -142,6 +144,22 @@ class Job(Base):
             postgresql_where=text("admitted_at IS NULL AND status = 'queued'"),
             sqlite_where=text("admitted_at IS NULL AND status = 'queued'"),
         ),
+        # The result cache: a tenant's live results by request (app/jobs/cache.py).
+        Index(
+            "ix_jobs_cache",
+            "tenant_id",
+            "cache_key",
+            "finished_at",
+            postgresql_where=text(CACHE_WHERE),
+            sqlite_where=text(CACHE_WHERE),
+        ),
+        # Retention: the cached copies of a job whose images are removed.
+        Index(
+            "ix_jobs_cached_from",
+            "cached_from",
+            postgresql_where=text("cached_from IS NOT NULL"),
+            sqlite_where=text("cached_from IS NOT NULL"),
+        ),
         # The relay's scan for rows whose publish did not happen.
         Index(
             "ix_jobs_unpublished",
@@ -203,6 +221,25 @@ class Job(Base):
     # The job id of the message this run was started by, when fair share ran this job on
     # another job's message (that message's redelivery takes this run over).
     permit_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    # SHA-256 of (model weights digest, normalized input): equal keys, equal images. Set
+    # only when the request may be served from, and may feed, the result cache.
+    cache_key: Mapped[str | None] = mapped_column(String(64))
+    # A cache hit: the job whose images this one shares (they belong to that job).
+    cached_from: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    # A replay: the job whose inputs this one ran again.
+    replay_of: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    # How the images were made: weights digest, scheduler, seed, dtype, device, versions.
+    manifest: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+
+
+class ModelDigest(Base):
+    """The SHA-256 of a model's weight files, as the workers that loaded it computed."""
+
+    __tablename__ = "model_digests"
+
+    model: Mapped[str] = mapped_column(String(100), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class WebhookEvent(Base):

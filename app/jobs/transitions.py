@@ -164,8 +164,10 @@ def finish_succeeded(
     owner: str,
     result: dict[str, Any],
     charge: usage.Charge | None = None,
+    **extra: Any,
 ) -> bool:
-    """Record the result, and charge the tenant in the same transaction (or neither)."""
+    """Record the result, and charge the tenant in the same transaction (or neither).
+    `extra`: more columns to set with it (the manifest, the result cache's key)."""
     steps = result.get("steps", 0)
     now = utcnow()
     cost = {"gpu_seconds": charge.gpu_seconds, "device": charge.device} if charge else {}
@@ -181,6 +183,7 @@ def finish_succeeded(
         lease_owner=None,
         lease_expires_at=None,
         **cost,
+        **extra,
     )
     if changed and charge is not None:
         tenant_id, model = session.execute(

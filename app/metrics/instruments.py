@@ -34,6 +34,11 @@ HTTP_IN_FLIGHT = Gauge(
 JOBS_SUBMITTED = Counter(
     "diffq_jobs_submitted", "Jobs accepted by POST /v1/jobs (202), by model", ["model"]
 )
+CACHE_HITS = Counter(
+    "diffq_result_cache_hits",
+    "Jobs answered from the result cache (no GPU run), by model",
+    ["model"],
+)
 
 # --- Workers (Celery pool children and their main process) -------------------------
 JOBS_FINISHED = Counter(

@@ -34,3 +34,6 @@ class Storage(Protocol):
 
     def delete(self, key: str) -> None:
         """Remove an object; removing one that is gone is not an error."""
+
+    def get(self, key: str) -> bytes:
+        """An object's bytes (for answers that inline images)."""

@@ -49,6 +49,12 @@ class LocalStorage:
         except OSError as exc:
             raise StorageError(f"delete {key}: {exc}", transient=True) from exc
 
+    def get(self, key: str) -> bytes:
+        try:
+            return self.path(key).read_bytes()
+        except OSError as exc:
+            raise StorageError(f"get {key}: {exc}", transient=True) from exc
+
     def url(self, key: str, ttl: int) -> str:
         """A path on the API (made absolute by the API), valid for `ttl` seconds."""
         expires = int(time.time()) + ttl

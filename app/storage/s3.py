@@ -95,6 +95,12 @@ class S3Storage:
         except (BotoCoreError, ClientError) as exc:
             raise _translate(exc, f"delete {key}") from exc
 
+    def get(self, key: str) -> bytes:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except (BotoCoreError, ClientError) as exc:
+            raise _translate(exc, f"get {key}") from exc
+
     def url(self, key: str, ttl: int) -> str:
         return self.presigner.generate_presigned_url(
             "get_object", Params={"Bucket": self.bucket, "Key": self._key(key)}, ExpiresIn=ttl

@@ -53,11 +53,23 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.web.resources.jobs.events import blp as events_blp
     from app.web.resources.jobs.routes import blp as jobs_blp
     from app.web.resources.jobs.webhooks import blp as webhooks_blp
+    from app.web.resources.jobs.ws import blp as ws_blp
     from app.web.resources.models.routes import blp as models_blp
+    from app.web.resources.openai.routes import blp as openai_blp
     from app.web.resources.usage.routes import blp as usage_blp
     from app.web.ui.routes import blp as ui_blp
 
-    blueprints = (jobs_blp, events_blp, webhooks_blp, usage_blp, models_blp, health_blp, files_blp)
+    blueprints = (
+        jobs_blp,
+        events_blp,
+        ws_blp,
+        webhooks_blp,
+        usage_blp,
+        models_blp,
+        health_blp,
+        files_blp,
+        openai_blp,
+    )
     for blueprint in blueprints:
         api.register_blueprint(blueprint)
     app.register_blueprint(ui_blp)  # the page and /docs: HTML, not part of the API document

@@ -2,7 +2,7 @@
 seconds, device and the message it ran on; daily usage per tenant, model and device
 
 Revision ID: 0009
-Revises: 0004
+Revises: 0005
 Create Date: 2026-11-23
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0009'
-down_revision = '0004'
+down_revision = '0005'
 branch_labels = None
 depends_on = None
 

@@ -113,7 +113,12 @@ def start_worker(
 
 class ApiServer(ManagedProcess):
     def __init__(
-        self, env: dict[str, str], log_dir: Path, name: str = "api", workers: int = 1
+        self,
+        env: dict[str, str],
+        log_dir: Path,
+        name: str = "api",
+        workers: int = 1,
+        threads: int = 8,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -127,7 +132,7 @@ class ApiServer(ManagedProcess):
             "--workers",
             str(workers),
             "--threads",
-            "8",
+            str(threads),
         ]
         super().__init__(name, args, env, log_dir)
 

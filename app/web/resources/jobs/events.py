@@ -76,14 +76,27 @@ class JobEvents(MethodView):
 
 
 def _stream(job_id: uuid.UUID, tenant_id: uuid.UUID, last_seen: int) -> Iterator[str]:
-    """Send what changed since `last_seen` (a job version), then every change, until done."""
+    """Server-Sent Events text for `job_events`."""
+    yield f"retry: {RECONNECT_MS}\n\n"
+    for event in job_events(job_id, tenant_id, last_seen):
+        if event is None:
+            yield ": keep-alive\n\n"
+        else:
+            yield _event(*event)
+
+
+def job_events(
+    job_id: uuid.UUID, tenant_id: uuid.UUID, last_seen: int
+) -> Iterator[tuple[str, int, dict] | None]:
+    """(name, id, data) for what changed since `last_seen` (a job version), then for every
+    change, until the job finishes; None after DIFFQ_SSE_KEEPALIVE idle seconds. Shared by
+    the event stream and the WebSocket."""
     svc = services()
     keepalive = svc.settings.sse_keepalive
     subscription = svc.watcher.subscribe(job_id)
     sent_status = sent_progress = None
     last_write = time.monotonic()
     try:
-        yield f"retry: {RECONNECT_MS}\n\n"
         while True:
             with svc.db.session() as session:
                 job = service.get_job(session, tenant_id, job_id)
@@ -100,10 +113,10 @@ def _stream(job_id: uuid.UUID, tenant_id: uuid.UUID, last_seen: int) -> Iterator
                 # A resumed stream: the client already has this version.
                 sent_status, sent_progress = view["status"], progress
             if fresh and view["status"] != sent_status:
-                yield _event("status", job.version, view)
+                yield ("status", job.version, view)
                 sent_status, last_write = view["status"], time.monotonic()
             if (fresh or queued) and progress != sent_progress and not job.status.terminal:
-                yield _event("progress", job.version, progress)
+                yield ("progress", job.version, progress)
                 sent_progress, last_write = progress, time.monotonic()
             last_seen = max(last_seen, job.version)
             if job.status.terminal:
@@ -114,7 +127,7 @@ def _stream(job_id: uuid.UUID, tenant_id: uuid.UUID, last_seen: int) -> Iterator
                 # A busy queue wakes its waiting streams often: at most one re-read a second.
                 time.sleep(max(0.0, QUEUED_MIN_REFRESH_SECONDS - (time.monotonic() - refreshed)))
             if time.monotonic() - last_write >= keepalive:
-                yield ": keep-alive\n\n"
+                yield None
                 last_write = time.monotonic()
     finally:
         subscription.close()

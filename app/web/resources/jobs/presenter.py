@@ -38,8 +38,24 @@ def _seconds(start, end) -> float | None:
     return round((end - start).total_seconds(), 3)
 
 
+def bytes_match(job: Job, original: Job | None) -> bool | None:
+    """A replay's verdict: its images byte for byte equal to the original's; None until
+    both have images with digests to compare."""
+    if original is None or job.result is None or original.result is None:
+        return None
+    mine = [image.get("sha256") for image in job.result.get("images", [])]
+    theirs = [image.get("sha256") for image in original.result.get("images", [])]
+    if not mine or None in mine or None in theirs:
+        return None
+    return mine == theirs
+
+
 def job_view(
-    job: Job, storage: Storage, presign_ttl: int, queue: QueueInfo | None = None
+    job: Job,
+    storage: Storage,
+    presign_ttl: int,
+    queue: QueueInfo | None = None,
+    original: Job | None = None,
 ) -> dict[str, Any]:
     result = None
     if job.result is not None:
@@ -48,7 +64,7 @@ def job_view(
             shown = {k: v for k, v in image.items() if k != "key"}
             shown["url"] = urljoin(request.host_url, storage.url(image["key"], presign_ttl))
             images.append(shown)
-        result = {"images": images}
+        result = {"images": images, "manifest": job.manifest}
     error = {"code": job.error_code, "message": job.error_message} if job.error_code else None
     return {
         "id": job.id,
@@ -81,4 +97,11 @@ def job_view(
         "data_removed": job.data_removed_at is not None,
         "webhook": job.webhook_url,
         "webhook_events": list(selected(job.webhook_events)) if job.webhook_url else None,
+        "cached": job.cached_from is not None,
+        "cached_from": job.cached_from,
+        "replay": (
+            {"of": job.replay_of, "bytes_match": bytes_match(job, original)}
+            if job.replay_of
+            else None
+        ),
     }

@@ -9,32 +9,30 @@ import uuid
 from flask import redirect, request
 from flask.views import MethodView
 from flask_smorest import Blueprint, abort
-from sqlalchemy.exc import IntegrityError
 
-from app import usage
-from app.db.types import utcnow
 from app.jobs import service, transitions
 from app.jobs.queue_info import fair_window, queue_info
-from app.jobs.states import ErrorCode, JobStatus, Priority
-from app.limits import may_admit, reserve_queued_slot
-from app.metrics.instruments import JOBS_SUBMITTED
-from app.publish import publish_and_mark
+from app.jobs.states import ErrorCode, JobStatus
 from app.web.auth import current_tenant, require_api_key
 from app.web.resources.jobs.presenter import decode_cursor, encode_cursor, job_view
 from app.web.resources.jobs.schemas import (
-    IdempotencyHeaderSchema,
     JobCreateSchema,
     JobListQuerySchema,
     JobPageSchema,
     JobSchema,
+    PreferHeaderSchema,
+    SubmitHeadersSchema,
 )
-from app.web.services import request_session, services
+from app.web.resources.jobs.submit import submit
+from app.web.services import close_request_session, request_session, services
+from app.web.wait import requested_wait, wait_for_finish
 
 blp = Blueprint(
     "jobs", __name__, url_prefix="/v1/jobs", description="Submit generation jobs and follow them."
 )
 blp.before_request(require_api_key)
 
+SUBMIT_EXAMPLE = {"prompt": "a lighthouse at dusk", "steps": 20, "seed": 42}
 LOCATION_HEADER = {"Location": {"description": "The new job's URL.", "schema": {"type": "string"}}}
 
 
@@ -44,9 +42,11 @@ def _not_found() -> None:
 
 def _view(job) -> dict:
     svc = services()
+    session = request_session()
     queued = job.status == JobStatus.QUEUED
-    info = queue_info(request_session(), job, fair_window(svc.settings)) if queued else None
-    return job_view(job, svc.storage, svc.settings.presign_ttl, info)
+    info = queue_info(session, job, fair_window(svc.settings)) if queued else None
+    original = service.get_job(session, job.tenant_id, job.replay_of) if job.replay_of else None
+    return job_view(job, svc.storage, svc.settings.presign_ttl, info, original)
 
 
 def _body_hash() -> str:
@@ -54,22 +54,32 @@ def _body_hash() -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _replay(job, body_hash: str, key: str):
-    """The original job for a repeated Idempotency-Key, or 409 if the body differs."""
-    if job.request_hash != body_hash:
-        abort(
-            409,
-            message=f"Idempotency-Key {key!r} was already used with a different request body.",
-        )
+def _answer(job, wait: int | None, headers: dict[str, str]):
+    """202 with the job as it is; with `Prefer: wait=N`, 200 once it finished within N s."""
+    if wait is not None and not job.status.terminal:
+        tenant_id, job_id = job.tenant_id, job.id
+        close_request_session()  # no connection is held while waiting
+        finished = wait_for_finish(services(), tenant_id, job_id, wait)
+        if finished is not None:
+            job = finished
     view = _view(job)
-    return view, 202, {"Location": view["urls"]["self"], "Idempotent-Replayed": "true"}
+    headers = {"Location": view["urls"]["self"], **headers}
+    if wait is not None and job.status.terminal:
+        return view, 200, {**headers, "Preference-Applied": f"wait={wait}"}
+    return view, 202, headers
 
 
 @blp.route("")
 class Jobs(MethodView):
-    @blp.arguments(IdempotencyHeaderSchema, location="headers")
-    @blp.arguments(JobCreateSchema)
+    @blp.arguments(SubmitHeadersSchema, location="headers")
+    @blp.arguments(JobCreateSchema, example=SUBMIT_EXAMPLE)
     @blp.response(202, JobSchema, headers=LOCATION_HEADER)
+    @blp.alt_response(
+        200,
+        schema=JobSchema,
+        description="With `Prefer: wait=N`: the job finished (succeeded, failed or canceled) "
+        "within N seconds; `Preference-Applied: wait=N`.",
+    )
     @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(409, description="Idempotency-Key reused with a different body.")
     @blp.alt_response(413, description="Body larger than DIFFQ_MAX_BODY_BYTES.")
@@ -85,64 +95,14 @@ class Jobs(MethodView):
         The job is stored, then queued; the answer comes before any GPU work. Poll the
         `Location` URL, or follow its `events` stream, for status and result. With an
         `Idempotency-Key` header, repeating the request returns the original job (with
-        `Idempotent-Replayed: true`) instead of creating another.
+        `Idempotent-Replayed: true`) instead of creating another. With `Prefer: wait=N`
+        the answer waits up to N seconds for the job to finish (`200`); a client that
+        disconnects while waiting leaves the job running.
         """
-        svc = services()
-        spec, params = request_data["spec"], request_data["params"]
+        wait = requested_wait(headers.get("prefer"), services().settings.max_wait)
         key = headers.get("idempotency_key")
-        body_hash = _body_hash() if key else None
-        session = request_session()
-        tenant_id = current_tenant()
-        if key:
-            existing = service.find_by_idempotency_key(session, tenant_id, key)
-            if existing is not None:
-                return _replay(existing, body_hash, key)
-        spent = usage.check_daily_quota(session, tenant_id, utcnow())
-        if not spent.allowed:
-            abort(
-                429,
-                message=f"Daily GPU quota used: {spent.used:.1f} of {spent.limit:g} GPU-seconds "
-                "today (UTC); it frees at midnight UTC.",
-                headers={"Retry-After": str(spent.retry_after)},
-            )
-        quota = reserve_queued_slot(session, tenant_id, svc.settings.max_queued)
-        if not quota.allowed:
-            abort(
-                429,
-                message=f"Too many queued jobs: at most {svc.settings.max_queued} per tenant.",
-                headers={"Retry-After": str(quota.retry_after)},
-            )
-        admitted = may_admit(session, tenant_id, svc.settings.max_running)
-        try:
-            job = service.create_job(
-                session,
-                tenant_id,
-                model=spec.name,
-                queue=spec.queue_for(params["priority"]),
-                priority=Priority(params["priority"]),
-                params=params,
-                metadata=request_data["metadata"],
-                deadline_seconds=request_data["cancel_after"],
-                idempotency_key=key,
-                request_hash=body_hash,
-                webhook_url=request_data["webhook"],
-                webhook_events=request_data["webhook_events"],
-                admitted=admitted,
-            )
-            session.commit()
-        except IntegrityError:
-            # A concurrent request with the same key committed first: answer with its job.
-            session.rollback()
-            existing = service.find_by_idempotency_key(session, tenant_id, key) if key else None
-            if existing is None:
-                raise
-            return _replay(existing, body_hash, key)
-        # Committed first: a publish that fails leaves a durable row for the relay.
-        if admitted:  # else it waits here until the relay lets it through
-            publish_and_mark(svc.db, svc.publisher, job)
-        JOBS_SUBMITTED.labels(job.model).inc()
-        view = _view(job)
-        return view, 202, {"Location": view["urls"]["self"]}
+        made = submit(request_data, idempotency_key=key, body_hash=_body_hash() if key else None)
+        return _answer(made.job, wait, {"Idempotent-Replayed": "true"} if made.replayed else {})
 
     @blp.arguments(JobListQuerySchema, location="query")
     @blp.response(200, JobPageSchema)
@@ -209,6 +169,39 @@ class JobCancel(MethodView):
         session.commit()
         session.refresh(job)
         return _view(job)
+
+
+@blp.route("/<uuid:job_id>/replay")
+class JobReplay(MethodView):
+    @blp.arguments(PreferHeaderSchema, location="headers")
+    @blp.response(202, JobSchema, headers=LOCATION_HEADER)
+    @blp.alt_response(
+        200, schema=JobSchema, description="With `Prefer: wait=N`: the replay finished in time."
+    )
+    @blp.alt_response(401, description="No or bad API key.")
+    @blp.alt_response(404, description="No such job (or not yours).")
+    @blp.alt_response(409, description="The job's model is no longer configured.")
+    @blp.alt_response(429, description="Over the rate or the cap on queued jobs.")
+    def post(self, headers, job_id: uuid.UUID):
+        """Replay a job
+
+        Runs the job's normalized inputs (seed included) again as a new job, never from the
+        result cache. Once both have finished, the new job's `replay.bytes_match` says
+        whether its images are byte for byte the original's; compare the two `manifest`s
+        to see what differed (weights, scheduler, dtype, device, versions).
+        """
+        svc = services()
+        original = service.get_job(request_session(), current_tenant(), job_id)
+        if original is None:
+            _not_found()
+        spec = svc.catalog.get(original.model)
+        if spec is None:
+            abort(409, message=f"Model {original.model!r} is no longer configured.")
+        made = submit(
+            {"spec": spec, "params": dict(original.input), "seeded": True, "cache": False},
+            replay_of=original.id,
+        )
+        return _answer(made.job, requested_wait(headers.get("prefer"), svc.settings.max_wait), {})
 
 
 @blp.route("/<uuid:job_id>/images/<int:index>")

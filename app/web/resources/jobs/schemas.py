@@ -87,6 +87,15 @@ class JobCreateSchema(ma.Schema):
         },
     )
 
+    cache = fields.Boolean(
+        load_default=True,
+        metadata={
+            "description": "With an explicit `seed`, an earlier succeeded job of yours with the "
+            "same model weights and inputs answers at once (`cached: true`, no GPU run). "
+            "`false`: always generate."
+        },
+    )
+
     webhook = fields.String(
         load_default=None,
         metadata={
@@ -147,6 +156,8 @@ class JobCreateSchema(ma.Schema):
             "cancel_after": data.get("cancel_after"),
             "webhook": data.get("webhook"),
             "webhook_events": data.get("webhook_events"),
+            "cache": data["cache"],
+            "seeded": data.get("seed") is not None,
         }
 
 
@@ -238,6 +249,26 @@ class IdempotencyHeaderSchema(ma.Schema):
     )
 
 
+class PreferHeaderSchema(ma.Schema):
+    class Meta:
+        unknown = ma.EXCLUDE  # every other header
+
+    prefer = fields.String(
+        data_key="Prefer",
+        validate=validate.Length(max=200),
+        metadata={
+            "description": "`wait=N` (RFC 7240): hold the answer up to N seconds (capped by "
+            "DIFFQ_MAX_WAIT, 60) and answer `200` with the finished job, or the usual `202` "
+            "when it is not done by then. Either way it is the same single job.",
+            "example": "wait=30",
+        },
+    )
+
+
+class SubmitHeadersSchema(IdempotencyHeaderSchema, PreferHeaderSchema):
+    pass
+
+
 class JobListQuerySchema(ma.Schema):
     status = fields.String(
         validate=validate.OneOf([s.value for s in JobStatus]),
@@ -270,10 +301,53 @@ class ImageSchema(ma.Schema):
     seed = fields.Integer()
     content_type = fields.String()
     bytes = fields.Integer()
+    sha256 = fields.String(metadata={"description": "SHA-256 of the image file, hex."})
+
+
+class VersionsSchema(ma.Schema):
+    diffq = fields.String()
+    diffusers = fields.String()
+    torch = fields.String()
+    transformers = fields.String()
+
+
+class SchedulerManifestSchema(ma.Schema):
+    class_name = fields.String(
+        attribute="class", data_key="class", metadata={"example": "EulerDiscreteScheduler"}
+    )
+    config = fields.Dict(metadata={"description": "The scheduler's full config as run."})
+
+
+class ManifestSchema(ma.Schema):
+    model = fields.String()
+    weights_sha256 = fields.String(
+        metadata={"description": "SHA-256 over the model's weight files, computed at load."}
+    )
+    scheduler = fields.Nested(SchedulerManifestSchema)
+    seed = fields.Integer()
+    dtype = fields.String(metadata={"example": "float16"})
+    device = fields.String(metadata={"example": "NVIDIA H100 80GB HBM3"})
+    versions = fields.Nested(VersionsSchema)
 
 
 class ResultSchema(ma.Schema):
     images = fields.List(fields.Nested(ImageSchema))
+    manifest = fields.Nested(
+        ManifestSchema,
+        allow_none=True,
+        metadata={"description": "How the images were made: enough to make them again."},
+    )
+
+
+class ReplaySchema(ma.Schema):
+    of = fields.UUID(metadata={"description": "The job whose inputs this one ran again."})
+    bytes_match = fields.Boolean(
+        allow_none=True,
+        metadata={
+            "description": "True if every image is byte for byte the original's; null until "
+            "both have finished with images."
+        },
+    )
 
 
 class JobErrorSchema(ma.Schema):
@@ -357,6 +431,13 @@ class JobSchema(ma.Schema):
     )
     webhook = fields.String(allow_none=True)
     webhook_events = fields.List(fields.String(), allow_none=True)
+    cached = fields.Boolean(
+        metadata={"description": "Answered from the result cache: no GPU run (see `cache`)."}
+    )
+    cached_from = fields.UUID(
+        allow_none=True, metadata={"description": "The job whose images a cached job shares."}
+    )
+    replay = fields.Nested(ReplaySchema, allow_none=True)
 
 
 class JobPageSchema(ma.Schema):
