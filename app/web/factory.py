@@ -13,6 +13,7 @@ from app.publish import Publisher
 from app.storage import open_storage
 from app.web.errors import register_error_handlers
 from app.web.metrics import install as install_metrics
+from app.web.model_bounds import declare as declare_model_bounds
 from app.web.openapi import spec_options
 from app.web.services import Services, close_request_session
 from app.web.watch import JobWatcher
@@ -58,6 +59,7 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     for blueprint in (jobs_blp, events_blp, webhooks_blp, health_blp, files_blp):
         api.register_blueprint(blueprint)
+    declare_model_bounds(api.spec, catalog)
     register_error_handlers(app, api)
     install_metrics(app, app.extensions["diffq"])
     app.teardown_appcontext(close_request_session)

@@ -48,6 +48,16 @@ CASES = [
     ("metadata", {"metadata": {"blob": "z" * 3000}}, "2048"),
     ("metadata", {"metadata": [1, 2]}, "mapping"),
     ("unexpected", {"unexpected": 1}, "Unknown field"),
+    # PostgreSQL cannot store U+0000: bad input naming the field, never a store error.
+    ("prompt", {"prompt": "a\x00b"}, "NUL"),
+    ("negative_prompt", {"negative_prompt": "\x00"}, "NUL"),
+    ("model", {"model": "tiny\x00"}, "NUL"),
+    ("scheduler", {"scheduler": "euler\x00"}, "NUL"),
+    ("metadata", {"metadata": {"k": "v\x00"}}, "NUL"),
+    ("metadata", {"metadata": {"k\x00": 1}}, "NUL"),
+    ("metadata", {"metadata": {"deep": [{"x": ["\x00"]}]}}, "NUL"),
+    ("webhook", {"webhook": "https://example.com/\x00"}, "NUL"),
+    ("webhook_events", {"webhook_events": ["job.succeeded\x00"]}, "NUL"),
 ]
 
 
