@@ -268,3 +268,41 @@ def test_a_hanging_receiver_does_not_slow_the_gpu_worker(hooks, receiver, tenant
     assert receiver.requests("/hang")
     # A worker that waited on even one delivery attempt would add its 1.5 s timeout.
     assert hanging < baseline + 1.0, (hanging, baseline)
+
+
+def test_a_delivery_the_policy_refuses_fails_at_once(hooks, receiver, tenant_key, db):
+    """An address allowed at submit that the policy refuses at delivery (as when a name
+    starts resolving to a private address): one attempt, failed, no retries, counted."""
+    from sqlalchemy import update
+
+    from app.db.models import Job
+
+    before = _outcomes(hooks)
+    job = submit(hooks.url, tenant_key, prompt="refused", steps=2, webhook=f"{receiver.url}/ok")
+    wait_terminal(hooks.url, tenant_key, job["id"])
+    wait_until(
+        lambda: [e for e in _deliveries(hooks, tenant_key, job["id"]) if e["state"] != "pending"],
+        timeout=20,
+    )
+    with db.session() as session:  # now pointing at a range the allow-list does not open
+        session.execute(
+            update(Job).where(Job.id == job["id"]).values(webhook_url="http://0x7f.0.0.2/in")
+        )
+    response = requests.post(
+        f"{hooks.url}/v1/jobs/{job['id']}/webhooks/redeliver", headers=auth(tenant_key), timeout=10
+    )
+    assert response.status_code == 202
+    [event] = wait_until(
+        lambda: [e for e in _deliveries(hooks, tenant_key, job["id"]) if e["state"] == "failed"],
+        timeout=20,
+    )
+    time.sleep(1.5)  # three retry delays of the fast schedule: none may come
+    [event] = _deliveries(hooks, tenant_key, job["id"])
+    assert event["state"] == "failed" and event["next_attempt_at"] is None
+    first, *after_redelivery = event["attempts"]  # the first one was delivered
+    assert first["status_code"] == 200
+    assert len(after_redelivery) == 1, event["attempts"]
+    assert after_redelivery[0]["error"].startswith("refused: 127.0.0.2 is not a public")
+    after = _outcomes(hooks)
+    assert after.get("refused", 0) - before.get("refused", 0) == 1
+    print(f"\nrefused delivery: {after_redelivery[0]['error']}")

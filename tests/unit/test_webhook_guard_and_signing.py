@@ -49,20 +49,36 @@ REFUSED_AT_SUBMIT = [
     "http://example.com@127.0.0.1/hook",
     "http://127.0.0.1#@example.com/hook",
     "http:///hook",
+    # Every form the resolver reads as an address is refused at submit too.
+    "http://localhost/hook",
+    "http://LocalHost:8000/hook",
+    "http://localhost./hook",
+    "http://api.localhost/hook",
+    "http://127.1/hook",
+    "http://127.0.1/hook",
+    "http://2130706433/hook",  # decimal
+    "http://017700000001/hook",  # octal, one part
+    "http://0177.0.0.1/hook",  # octal
+    "http://0x7f.0.0.1/hook",  # hex
+    "http://0x7f.1/hook",
+    "http://0x7f000001/hook",
+    "http://0/hook",
+    "http://127.0.0.1./hook",  # trailing dot
+    "http://10.1/hook",
+    "http://0xa9.0xfe.0xa9.0xfe/latest/meta-data/",  # 169.254.169.254
+    "http://3232235777/hook",  # 192.168.1.1
+    "http://999.1/hook",  # numeric but no address: no name either
+    "http://[fe80::1%25eth0]/hook",  # link-local with a zone
+    "http://[::ffff:a9fe:a9fe]/hook",
+    "http://[0:0:0:0:0:ffff:127.0.0.1]/hook",
+    "http://[::127.0.0.1]/hook",  # IPv4-compatible
 ]
 # Names the system resolver (libc, no network) turns into loopback or "this host".
 REFUSED_AFTER_RESOLVING = [
     "http://localhost/hook",
-    "http://LocalHost:8000/hook",
     "http://127.1/hook",
-    "http://2130706433/hook",  # decimal
-    "http://0177.0.0.1/hook",  # octal
-    "http://0x7f.0.0.1/hook",  # hex
     "http://0x7f000001/hook",
-    "http://0/hook",
 ]
-
-
 # Names a (fake) DNS server resolves to forbidden addresses.
 RESOLVING_TO_FORBIDDEN = [
     ("https://hooks.internal.example/x", {"hooks.internal.example": ["10.1.2.3"]}),
@@ -97,6 +113,37 @@ def test_refused_by_form_and_literal_address(url):
 def test_refused_once_resolved(url):
     with pytest.raises(UnsafeUrl, match="not a public address"):
         resolve_target(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "address"),
+    [
+        ("http://127.1:9000/h", "127.0.0.1"),
+        ("http://2130706433:9000/h", "127.0.0.1"),
+        ("http://0x7f.1:9000/h", "127.0.0.1"),
+        ("http://localhost:9000/h", "127.0.0.1"),
+    ],
+)
+def test_an_allowed_address_in_shorthand_connects_to_that_address(url, address):
+    """Submit and delivery read a form the same way: allowed, it goes to that address."""
+    allow = parse_allow_list("127.0.0.1/32")
+    check_url(url, allow)
+    assert resolve_target(url, allow).address == address
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://1password.com/h",  # a name that starts with digits
+        "https://123.example/h",
+        "https://0x.example/h",
+        "https://hooks.example.com/h",
+        "https://[2606:4700::1111]/h",
+        "https://93.184.215.14/h",
+    ],
+)
+def test_public_names_and_addresses_pass_the_form_check(url):
+    check_url(url)
 
 
 @pytest.mark.parametrize(("url", "records"), RESOLVING_TO_FORBIDDEN)
