@@ -79,6 +79,7 @@ class Settings:
     models_file: Path | None
     secret_key: str
     max_body_bytes: int
+    http_keepalive: float
     max_attempts: int
     upload_retries: int
     upload_backoff: float
@@ -161,6 +162,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         models_file=Path(models_file).expanduser() if models_file else None,
         secret_key=_secret_key(env, home),
         max_body_bytes=_int(env, "DIFFQ_MAX_BODY_BYTES", 64 * 1024),
+        # Idle seconds a client connection is kept open: longer than the load balancer's
+        # idle timeout (60 s on most clouds), so the balancer always closes first.
+        http_keepalive=_float(env, "DIFFQ_HTTP_KEEPALIVE", 75.0),
         max_attempts=_int(env, "DIFFQ_MAX_ATTEMPTS", 3),
         upload_retries=_int(env, "DIFFQ_UPLOAD_RETRIES", 5),
         upload_backoff=_float(env, "DIFFQ_UPLOAD_BACKOFF", 0.5),

@@ -98,6 +98,7 @@ def gunicorn_command(bind: str, workers: int, threads: int) -> list[str]:
             else []
         ),
         "--graceful-timeout=20",
+        f"--keep-alive={max(1, round(load_settings().http_keepalive))}",
     ]
 
 
