@@ -110,6 +110,7 @@ class Settings:
     max_queued: int  # queued jobs per tenant; 0: no cap
     max_running: int  # a tenant's jobs in flight (in the broker or running); 0: no cap
     result_retention: float  # seconds a succeeded job's images are kept; 0: forever
+    job_retention: float  # seconds a finished job's row is kept; 0: forever
 
     @property
     def embedded(self) -> bool:
@@ -196,4 +197,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_queued=_int(env, "DIFFQ_MAX_QUEUED", 1000),
         max_running=_int(env, "DIFFQ_MAX_RUNNING", 0),
         result_retention=_float(env, "DIFFQ_RESULT_RETENTION", 30 * 86400.0),
+        job_retention=_float(env, "DIFFQ_JOB_RETENTION", 90 * 86400.0),
     )

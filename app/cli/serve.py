@@ -161,6 +161,7 @@ def relay_loop(stop: threading.Event, interval: float) -> None:
                 storage=storage,
                 retention=settings.result_retention,
                 max_running=settings.max_running,
+                job_retention=settings.job_retention,
             )
         except Exception:
             log.exception("relay pass failed; retrying")
