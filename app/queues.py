@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 from kombu import Connection, Exchange, Queue
@@ -18,24 +19,43 @@ def dead_letter_queue_name(queue: str) -> str:
     return f"{queue}.dlq"
 
 
-def work_queue(name: str) -> Queue:
-    """A durable classic queue with priorities whose rejects go to its own DLQ."""
-    return Queue(
-        name,
-        JOBS_EXCHANGE,
-        routing_key=name,
-        durable=True,
-        queue_arguments={
-            "x-dead-letter-exchange": DEAD_LETTER_EXCHANGE.name,
-            "x-dead-letter-routing-key": dead_letter_queue_name(name),
-            "x-max-priority": MAX_AMQP_PRIORITY,
-        },
-    )
+QUEUE_TYPES = ("classic", "quorum")
 
 
-def dead_letter_queue(name: str) -> Queue:
+def queue_type() -> str:
+    """DIFFQ_QUEUE_TYPE: classic (default) or quorum (replicated over a cluster)."""
+    kind = (os.environ.get("DIFFQ_QUEUE_TYPE") or "classic").strip().lower()
+    if kind not in QUEUE_TYPES:
+        raise ValueError(f"DIFFQ_QUEUE_TYPE must be one of {', '.join(QUEUE_TYPES)}, not {kind!r}")
+    return kind
+
+
+def work_queue(name: str, kind: str | None = None) -> Queue:
+    """A durable queue whose rejects go to its own DLQ. Classic: with priorities. Quorum:
+    replicated, dead-lettering at-least-once (the DLQ confirms before the message leaves);
+    RabbitMQ before 4.0 has no priorities on quorum queues, so they are FIFO."""
+    dead_letter = {
+        "x-dead-letter-exchange": DEAD_LETTER_EXCHANGE.name,
+        "x-dead-letter-routing-key": dead_letter_queue_name(name),
+    }
+    if (kind or queue_type()) == "quorum":
+        arguments = {
+            "x-queue-type": "quorum",
+            **dead_letter,
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",  # required by at-least-once dead-lettering
+        }
+    else:
+        arguments = {**dead_letter, "x-max-priority": MAX_AMQP_PRIORITY}
+    return Queue(name, JOBS_EXCHANGE, routing_key=name, durable=True, queue_arguments=arguments)
+
+
+def dead_letter_queue(name: str, kind: str | None = None) -> Queue:
     dlq = dead_letter_queue_name(name)
-    return Queue(dlq, DEAD_LETTER_EXCHANGE, routing_key=dlq, durable=True)
+    arguments = {"x-queue-type": "quorum"} if (kind or queue_type()) == "quorum" else None
+    return Queue(
+        dlq, DEAD_LETTER_EXCHANGE, routing_key=dlq, durable=True, queue_arguments=arguments
+    )
 
 
 def declare_topology(connection: Connection, queues: Iterable[str]) -> None:
