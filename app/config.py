@@ -111,6 +111,7 @@ class Settings:
     max_running: int  # a tenant's jobs in flight (in the broker or running); 0: no cap
     result_retention: float  # seconds a succeeded job's images are kept; 0: forever
     job_retention: float  # seconds a finished job's row is kept; 0: forever
+    queue_type: str  # classic | quorum: the type of every work queue and its DLQ
 
     @property
     def embedded(self) -> bool:
@@ -198,4 +199,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_running=_int(env, "DIFFQ_MAX_RUNNING", 0),
         result_retention=_float(env, "DIFFQ_RESULT_RETENTION", 30 * 86400.0),
         job_retention=_float(env, "DIFFQ_JOB_RETENTION", 90 * 86400.0),
+        queue_type=_choice(env, "DIFFQ_QUEUE_TYPE", ("classic", "quorum")),
     )
