@@ -122,6 +122,8 @@ class Scenario:
         """Distinct webhook-ids of `job.succeeded` answered 200, per job; waits until every
         succeeded job has one (or the time is up)."""
         wanted = {j for j, row in self.rows().items() if row.status.value == "succeeded"}
+        if self.stack.relay is None:  # nothing dispatches webhook events: count what came
+            timeout = 0.0
         deadline = time.monotonic() + timeout
         while True:
             seen: dict[str, set[str]] = {}

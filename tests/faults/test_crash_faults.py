@@ -59,7 +59,7 @@ def test_f15_broker_killed_with_ready_messages_and_no_safety_net(fault_stack):
     sc = Scenario("F15 broker kill -9, relay+reaper off", stack, stack.new_key())
     try:
         before = _ready(stack)
-        for i in range(20):
+        for i in range(12):
             sc.submit(prompt=f"f15-{i}", steps=4)
         rows = sc.rows()
         assert all(row.published_at is not None for row in rows.values()), "not all published"
@@ -79,7 +79,7 @@ def test_f15_broker_killed_with_ready_messages_and_no_safety_net(fault_stack):
         if stack.relay is None:
             stack.start_relay()
     assert fig.lost == 0 and fig.duplicate_results == 0 and fig.undelivered == 0, fig.line()
-    assert fig.succeeded == len(sc.accepted) == 20, fig.line()
+    assert fig.succeeded == len(sc.accepted) == 12, fig.line()
 
 
 def test_f16_broker_killed_under_steady_submits(fault_stack):
@@ -88,7 +88,7 @@ def test_f16_broker_killed_under_steady_submits(fault_stack):
     stack = fault_stack
     stack.ensure_workers()
     sc = Scenario("F16 broker kill -9 under load", stack, stack.new_key())
-    with SteadyLoad(sc, 0.5, prompt="f16", steps=16) as load:
+    with SteadyLoad(sc, 1.0, prompt="f16", steps=8) as load:
         time.sleep(3)
         stack.rabbit.kill()
         sc.figures.faults += 1
