@@ -21,6 +21,7 @@ else:
 broker_connection_retry_on_startup = True
 broker_connection_timeout = _settings.publish_timeout  # a submit waits at most about this
 broker_heartbeat = 30
+worker_consumer = "tasks.reconnect:Consumer"  # reconnects every 0.5-2 s, not 2-30 s
 
 # --- Messages: JSON only, persistent, no result backend (PostgreSQL holds job state) --
 task_serializer = "json"

@@ -96,6 +96,7 @@ class Settings:
     models_file: Path | None
     secret_key: str
     max_body_bytes: int
+    http_keepalive: float
     max_attempts: int
     upload_retries: int
     upload_backoff: float
@@ -134,6 +135,8 @@ class Settings:
     max_wait: int  # cap on `Prefer: wait=N` and the OpenAI endpoint's wait, seconds
     wait_slots: int  # requests one API process holds waiting at once; past it, no wait
     ws_ticket_ttl: int  # seconds a WebSocket ticket stays valid
+    job_retention: float  # seconds a finished job's row is kept; 0: forever
+    queue_type: str  # classic | quorum: the type of every work queue and its DLQ
     # Finished jobs waiting for their encode/upload/record while the GPU runs the next
     # (workers/postprocess.py); 0: all of it inline, before the next job starts.
     postprocess_depth: int = 2
@@ -189,6 +192,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         models_file=Path(models_file).expanduser() if models_file else None,
         secret_key=_secret_key(env, home),
         max_body_bytes=_int(env, "DIFFQ_MAX_BODY_BYTES", 64 * 1024),
+        # Idle seconds a client connection is kept open: longer than the load balancer's
+        # idle timeout (60 s on most clouds), so the balancer always closes first.
+        http_keepalive=_float(env, "DIFFQ_HTTP_KEEPALIVE", 75.0),
         max_attempts=_int(env, "DIFFQ_MAX_ATTEMPTS", 3),
         upload_retries=_int(env, "DIFFQ_UPLOAD_RETRIES", 5),
         upload_backoff=_float(env, "DIFFQ_UPLOAD_BACKOFF", 0.5),
@@ -229,4 +235,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_wait=_int(env, "DIFFQ_MAX_WAIT", 60),
         wait_slots=_int(env, "DIFFQ_WAIT_SLOTS", 128),
         ws_ticket_ttl=_int(env, "DIFFQ_WS_TICKET_TTL", 60),
+        job_retention=_float(env, "DIFFQ_JOB_RETENTION", 90 * 86400.0),
+        queue_type=_choice(env, "DIFFQ_QUEUE_TYPE", ("classic", "quorum")),
     )

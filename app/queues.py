@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 
 from kombu import Connection, Exchange, Queue
@@ -19,15 +18,11 @@ def dead_letter_queue_name(queue: str) -> str:
     return f"{queue}.dlq"
 
 
-QUEUE_TYPES = ("classic", "quorum")
-
-
 def queue_type() -> str:
     """DIFFQ_QUEUE_TYPE: classic (default) or quorum (replicated over a cluster)."""
-    kind = (os.environ.get("DIFFQ_QUEUE_TYPE") or "classic").strip().lower()
-    if kind not in QUEUE_TYPES:
-        raise ValueError(f"DIFFQ_QUEUE_TYPE must be one of {', '.join(QUEUE_TYPES)}, not {kind!r}")
-    return kind
+    from app.config import load_settings
+
+    return load_settings().queue_type
 
 
 def work_queue(name: str, kind: str | None = None) -> Queue:

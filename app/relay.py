@@ -13,6 +13,7 @@ from app.jobs import service, transitions
 from app.jobs.states import JobStatus
 from app.limits import admit_held, forget_old_windows, tenants_with_held_jobs
 from app.publish import Publisher, publish_and_mark
+from app.purge import purge_finished_jobs
 from app.retention import remove_expired_results
 from app.storage import Storage
 from app.webhooks import events as webhook_events
@@ -165,6 +166,7 @@ def relay_pass(
     storage: Storage | None = None,
     retention: float = 0.0,
     max_running: int = 0,
+    job_retention: float = 0.0,
 ) -> RelayReport:
     reaped = reap_lost_jobs(db, max_attempts=max_attempts)
     release_held(db, publisher, cap=max_running)
@@ -172,6 +174,7 @@ def relay_pass(
         forget_old_windows(session)
     if storage is not None:
         remove_expired_results(db, storage, retention_seconds=retention)
+    purge_finished_jobs(db, retention_seconds=job_retention)
     return RelayReport(
         published=publish_unpublished(db, publisher, older_than_seconds=relay_after),
         expired=cancel_expired(db),

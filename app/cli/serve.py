@@ -109,6 +109,7 @@ def gunicorn_command(bind: str, workers: int, threads: int) -> list[str]:
             else []
         ),
         "--graceful-timeout=20",
+        f"--keep-alive={max(1, round(load_settings().http_keepalive))}",
     ]
 
 
@@ -177,6 +178,7 @@ def relay_loop(stop: threading.Event, interval: float, heartbeat: str | None = N
                 storage=storage,
                 retention=settings.result_retention,
                 max_running=settings.max_running,
+                job_retention=settings.job_retention,
             )
         except Exception:
             log.exception("relay pass failed; retrying")

@@ -135,6 +135,13 @@ class Job(Base):
             postgresql_where=text("status = 'succeeded' AND data_removed_at IS NULL"),
             sqlite_where=text("status = 'succeeded' AND data_removed_at IS NULL"),
         ),
+        # The relay's scan for finished jobs past the job retention (their purge).
+        Index(
+            "ix_jobs_finished",
+            "finished_at",
+            postgresql_where=text("status IN ('succeeded', 'failed', 'canceled')"),
+            sqlite_where=text("status IN ('succeeded', 'failed', 'canceled')"),
+        ),
         # Jobs held back by their tenant's cap on jobs in flight, per tenant.
         Index(
             "ix_jobs_held",

@@ -6,8 +6,15 @@ import logging
 
 from flask import Flask
 from flask_smorest import Api
-from sqlalchemy.exc import DBAPIError, IntegrityError
-from werkzeug.exceptions import Conflict, HTTPException, InternalServerError, ServiceUnavailable
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
+from werkzeug.exceptions import (
+    Conflict,
+    HTTPException,
+    InternalServerError,
+    MethodNotAllowed,
+    ServiceUnavailable,
+    UnprocessableEntity,
+)
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +28,15 @@ def register_error_handlers(app: Flask, api: Api) -> None:
         error.data = {"message": "The request conflicts with an existing resource."}
         return api.handle_http_exception(error)
 
+    @app.errorhandler(DataError)
+    def unstorable_value(exc: DataError):
+        # The store is up and said no to a value (a schema let something through that
+        # PostgreSQL cannot hold): bad input, not an outage.
+        log.warning("value refused by the database: %s", type(exc.orig).__name__)
+        error = UnprocessableEntity()
+        error.data = {"message": "A value in the request cannot be stored."}
+        return api.handle_http_exception(error)
+
     @app.errorhandler(DBAPIError)
     def database_unavailable(exc: DBAPIError):
         # The job could not be made durable: tell the client to retry, reveal nothing.
@@ -31,6 +47,13 @@ def register_error_handlers(app: Flask, api: Api) -> None:
             "headers": {"Retry-After": "5"},
         }
         return api.handle_http_exception(error)
+
+    @app.errorhandler(MethodNotAllowed)
+    def method_not_allowed(exc: MethodNotAllowed):
+        # flask-smorest builds its answer from `data`, which drops werkzeug's Allow header.
+        exc.data = {**(getattr(exc, "data", None) or {})}
+        exc.data["headers"] = {"Allow": ", ".join(sorted(exc.valid_methods or ()))}
+        return api.handle_http_exception(exc)
 
     @app.errorhandler(Exception)
     def unexpected(exc: Exception):

@@ -11,8 +11,10 @@ from app.config import Settings, load_settings
 from app.db.session import Database
 from app.publish import Publisher
 from app.storage import open_storage
+from app.web.body_limit import BodyLimit
 from app.web.errors import register_error_handlers
 from app.web.metrics import install as install_metrics
+from app.web.model_bounds import declare as declare_model_bounds
 from app.web.openapi import spec_options
 from app.web.services import Services, close_request_session
 from app.web.watch import JobWatcher
@@ -73,7 +75,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     for blueprint in blueprints:
         api.register_blueprint(blueprint)
     app.register_blueprint(ui_blp)  # the page and /docs: HTML, not part of the API document
+    declare_model_bounds(api.spec, catalog)
     register_error_handlers(app, api)
     install_metrics(app, app.extensions["diffq"])
     app.teardown_appcontext(close_request_session)
+    app.wsgi_app = BodyLimit(app.wsgi_app, settings.max_body_bytes)
     return app

@@ -2,8 +2,9 @@
 
 The attempt is recorded whatever happens. 2xx: delivered. 410: gone, and nothing more is
 sent for that job. Anything else (an error status, a redirect — never followed — a
-timeout, a refused address) schedules the next attempt on the retry schedule with equal
-jitter, no sooner than the receiver's Retry-After; past the schedule's end, failed.
+timeout, a name that does not resolve) schedules the next attempt on the retry schedule
+with equal jitter, no sooner than the receiver's Retry-After; past the schedule's end,
+failed. An address the policy refuses fails the event at once: retrying cannot help.
 """
 
 from __future__ import annotations
@@ -27,7 +28,15 @@ from app.db.session import Database
 from app.db.types import utcnow
 from app.metrics.instruments import WEBHOOK_DELIVERIES, WEBHOOK_LATENCY
 from app.webhooks import signing
-from app.webhooks.guard import Network, Resolver, Target, UnsafeUrl, resolve_target, system_resolver
+from app.webhooks.guard import (
+    Network,
+    Resolver,
+    Target,
+    Unresolvable,
+    UnsafeUrl,
+    resolve_target,
+    system_resolver,
+)
 
 log = logging.getLogger(__name__)
 MAX_RETRY_AFTER = 24 * 3600.0
@@ -47,6 +56,7 @@ class Response:
     status: int | None
     retry_after: float | None = None
     error: str | None = None
+    refused: bool = False  # by the address policy: final, never retried
 
 
 def message_id(event_id: uuid.UUID) -> str:
@@ -164,8 +174,10 @@ def deliver(
     started_at = utcnow()
     try:
         target = resolve_target(url, config.allow, config.resolve)
-    except UnsafeUrl as exc:
-        response = Response(None, error=f"refused: {exc}"[:300])
+    except Unresolvable as exc:  # DNS may be back next time: retried on the schedule
+        response = Response(None, error=f"not resolved: {exc}"[:300])
+    except UnsafeUrl as exc:  # the policy says no: it will say no again, so fail now
+        response = Response(None, error=f"refused: {exc}"[:300], refused=True)
     else:
         timestamp = int(time.time())
         headers = signing.headers(secrets, message_id(event_id), timestamp, body)
@@ -198,6 +210,8 @@ def _record(db, config, event_id, job_id, started_at, latency_ms, response: Resp
                 .where(WebhookEvent.job_id == job_id, WebhookEvent.state == "pending")
                 .values(state="gone")
             )
+        elif response.refused:
+            event.state = "failed"
         else:
             delay = next_delay(config, event.attempts, response.retry_after)
             if delay is None:
@@ -206,7 +220,7 @@ def _record(db, config, event_id, job_id, started_at, latency_ms, response: Resp
                 event.next_attempt_at = utcnow() + timedelta(seconds=delay)
         state = event.state
     outcome = {"pending": "retry"}.get(state, state)
-    if response.error and response.error.startswith("refused:"):
+    if response.refused:
         outcome = "refused"
     WEBHOOK_DELIVERIES.labels(outcome).inc()
     WEBHOOK_LATENCY.observe(latency_ms / 1000)

@@ -8,6 +8,7 @@ address itself — no second lookup a rebinding DNS server could answer differen
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,15 @@ _EMBEDS_IPV4 = [
 
 class UnsafeUrl(ValueError):
     """The URL may not be called; the message says why (safe to show the tenant)."""
+
+
+class Unresolvable(UnsafeUrl):
+    """The host did not resolve: perhaps a passing DNS failure, so worth another try."""
+
+
+# A host made only of numbers (decimal, 0-octal, 0x-hex) in one to four parts: the
+# resolver reads it as an IPv4 address (127.1, 2130706433, 0177.0.0.1, 0x7f000001).
+_NUMERIC_HOST = re.compile(r"(?:0x[0-9a-f]*|[0-9]+)(?:\.(?:0x[0-9a-f]*|[0-9]+)){0,3}\.?", re.I)
 
 
 @dataclass(frozen=True)
@@ -74,10 +84,26 @@ def check_address(address: Address, allow: Sequence[Network] = ()) -> None:
 
 
 def _literal(host: str) -> Address | None:
+    """The address a host names without any lookup, in every form the resolver reads:
+    IPv4 shorthand, octal and hex parts, IPv6 with a zone; `localhost` names too."""
     try:
         return ipaddress.ip_address(host)
     except ValueError:
-        return None
+        pass
+    if "%" in host:  # an IPv6 zone (fe80::1%eth0): the address decides
+        try:
+            return ipaddress.ip_address(host.split("%", 1)[0])
+        except ValueError:
+            pass
+    if _NUMERIC_HOST.fullmatch(host):
+        try:
+            return ipaddress.IPv4Address(socket.inet_aton(host.rstrip(".")))
+        except OSError as exc:
+            raise UnsafeUrl(f"{host} is not a valid address") from exc
+    name = host.rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost"):  # RFC 6761: always loopback
+        return ipaddress.IPv4Address("127.0.0.1")
+    return None
 
 
 def check_url(url: str, allow: Sequence[Network] = ()) -> tuple[str, str, int, str]:
@@ -122,14 +148,14 @@ def resolve_target(
     enough to refuse: a rebinding name may alternate)."""
     scheme, host, port, path = check_url(url, allow)
     literal = _literal(host)
-    if literal is not None:
+    if literal is not None:  # connect to the address itself, never to the name's form
         return Target(scheme, host, port, path, str(literal))
     try:
         addresses = resolve(host, port)
     except OSError as exc:
-        raise UnsafeUrl(f"{host} does not resolve ({exc.strerror or exc})") from exc
+        raise Unresolvable(f"{host} does not resolve ({exc.strerror or exc})") from exc
     if not addresses:
-        raise UnsafeUrl(f"{host} does not resolve")
+        raise Unresolvable(f"{host} does not resolve")
     checked = []
     for raw in addresses:
         address = ipaddress.ip_address(raw.split("%", 1)[0])

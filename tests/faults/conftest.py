@@ -21,6 +21,7 @@ from tests.support.faultproxy import FaultProxy
 from tests.support.private_postgres import PrivatePostgres
 from tests.support.private_rabbit import PrivateRabbitMQ
 from tests.support.processes import ApiServer, ManagedProcess, start_worker
+from tests.support.receiver import Receiver
 from tests.support.seaweed import SeaweedS3
 from tests.support.stack import build_tiny_model
 
@@ -69,6 +70,9 @@ class FaultStack:
     api: ApiServer
     relay: ManagedProcess | None = None
     workers: dict[str, ManagedProcess] = field(default_factory=dict)
+    # Every scenario's jobs carry a webhook to this receiver: what a client sees.
+    receiver: Receiver | None = None
+    deliverer: ManagedProcess | None = None
 
     def worker_logs(self) -> list[Path]:
         return sorted(self.logs.glob("worker-*.log"))
@@ -111,6 +115,23 @@ class FaultStack:
             "relay",
             [sys.executable, "-m", "app.cli", "relay", "--interval", "0.5"],
             self.env,
+            self.logs,
+        ).start()
+
+    def start_deliverer(self) -> None:
+        self.deliverer = ManagedProcess(
+            "webhooks",
+            [
+                sys.executable,
+                "-m",
+                "app.cli",
+                "webhooks",
+                "--concurrency",
+                "4",
+                "--metrics-port",
+                "0",
+            ],
+            {**self.env, "DIFFQ_METRICS_DIR": str(self.logs.parent / "metrics-hooks")},
             self.logs,
         ).start()
 
@@ -176,6 +197,9 @@ def fault_stack(tmp_path_factory) -> FaultStack:
         "DIFFQ_DB_RETRY": "60",
         "DIFFQ_WORKER_METRICS_PORT": "0",  # tests that read worker metrics pick a port
         "DIFFQ_RATE_LIMIT": "0",  # tests poll hard; test_limits.py sets its own
+        "DIFFQ_WEBHOOK_ALLOW_CIDRS": "127.0.0.1/32",  # the receiver on loopback
+        "DIFFQ_WEBHOOK_SCHEDULE": "0.5,1,1,2,2,4",
+        "DIFFQ_WEBHOOK_TIMEOUT": "5",
         # Two CPU workers share two cores: spinning OpenMP threads would thrash.
         "OMP_NUM_THREADS": "1",
     }
@@ -192,11 +216,15 @@ def fault_stack(tmp_path_factory) -> FaultStack:
         db=Database(database_url, pool_size=2),
         api=api,
     )
+    stack.receiver = Receiver().start()
     stack.start_relay()
+    stack.start_deliverer()
     stack.ensure_workers()
     yield stack
     stack.stop_workers(list(stack.workers))
     stack.stop_relay()
+    stack.deliverer.stop()
+    stack.receiver.stop()
     api.stop()
     stack.db.dispose()
     proxy.stop()

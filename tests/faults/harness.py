@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -11,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from tests.support.jobs import auth
 
 TERMINAL = {"succeeded", "failed", "canceled"}
+TERMINAL_EVENTS = ("job.succeeded", "job.failed", "job.canceled")
 REPORT: list[Figures] = []
 
 
@@ -30,6 +32,11 @@ class Figures:
     lost: int = 0
     duplicate_results: int = 0
     duplicate_generations: int = 0
+    # What a client sees: terminal state changes recorded in PostgreSQL (one webhook
+    # event each) and `job.succeeded` deliveries received (distinct webhook-ids).
+    duplicate_terminal: int = 0
+    duplicate_deliveries: int = 0
+    undelivered: int = 0
     recovery_seconds: list[float] = field(default_factory=list)
     notes: str = ""
 
@@ -42,7 +49,9 @@ class Figures:
             f"{self.scenario:<34} faults={self.faults:<3} submitted={self.submitted:<3} "
             f"refused={self.refused:<2} succeeded={self.succeeded:<3} failed={failed:<22} "
             f"lost={self.lost} dup_results={self.duplicate_results} "
-            f"dup_generations={self.duplicate_generations} recovery_s={recovery}"
+            f"dup_generations={self.duplicate_generations} "
+            f"dup_terminal={self.duplicate_terminal} dup_delivered={self.duplicate_deliveries} "
+            f"undelivered={self.undelivered} recovery_s={recovery}"
             + (f"  ({self.notes})" if self.notes else "")
         )
 
@@ -58,6 +67,8 @@ class Scenario:
         self._lock = threading.Lock()
 
     def submit(self, **body) -> str | None:
+        if self.stack.receiver is not None:
+            body.setdefault("webhook", f"{self.stack.receiver.url}/jobs")
         try:
             response = requests.post(
                 f"{self.stack.api.url}/v1/jobs", json=body, headers=auth(self.key), timeout=30
@@ -94,18 +105,62 @@ class Scenario:
                 return rows
             time.sleep(0.25)
 
+    def terminal_events(self) -> Counter:
+        """Terminal state changes per job, as PostgreSQL recorded them."""
+        from app.db.models import WebhookEvent
+
+        ids = [uuid.UUID(j) for j in self.accepted]
+        with self.stack.db.session() as session:
+            found = session.execute(
+                select(WebhookEvent.job_id, func.count())
+                .where(WebhookEvent.job_id.in_(ids), WebhookEvent.type.in_(TERMINAL_EVENTS))
+                .group_by(WebhookEvent.job_id)
+            ).all()
+        return Counter({str(job_id): n for job_id, n in found})
+
+    def delivered_successes(self, timeout: float = 90.0) -> dict[str, set[str]]:
+        """Distinct webhook-ids of `job.succeeded` answered 200, per job; waits until every
+        succeeded job has one (or the time is up)."""
+        wanted = {j for j, row in self.rows().items() if row.status.value == "succeeded"}
+        if self.stack.relay is None:  # nothing dispatches webhook events: count what came
+            timeout = 0.0
+        deadline = time.monotonic() + timeout
+        while True:
+            seen: dict[str, set[str]] = {}
+            for received in self.stack.receiver.requests():
+                body = json.loads(received.body)
+                job_id = body["data"]["id"]
+                if body["type"] == "job.succeeded" and received.answered == 200:
+                    seen.setdefault(job_id, set()).add(received.headers["webhook-id"])
+            if wanted <= set(seen) or time.monotonic() > deadline:
+                return seen
+            time.sleep(0.5)
+
     def count(self, rows: dict[str, object]) -> Figures:
         fig = self.figures
+        watched = self.stack.receiver is not None
+        terminal = self.terminal_events() if watched else Counter()
+        delivered = self.delivered_successes() if watched else {}
         logs = "".join(p.read_text(errors="replace") for p in self.stack.worker_logs())
         claims = Counter(re.findall(r"job (\S+) claimed \(attempt", logs))
         successes = Counter(re.findall(r"job (\S+) succeeded in", logs))
         for job_id in self.accepted:
             row = rows.get(job_id)
             status = row.status.value if row is not None else "missing"
+            seen_twice = watched and status in TERMINAL and terminal[job_id] != 1
+            fig.duplicate_terminal += seen_twice
             if status == "succeeded":
                 fig.succeeded += 1
                 objects = self.stack.objects_of(row)
-                if successes[job_id] > 1 or len(objects) != row.input.get("num_images", 1):
+                deliveries = len(delivered.get(job_id, ())) if watched else 1
+                fig.duplicate_deliveries += deliveries > 1
+                fig.undelivered += deliveries == 0
+                if (
+                    successes[job_id] > 1
+                    or len(objects) != row.input.get("num_images", 1)
+                    or seen_twice
+                    or deliveries > 1
+                ):
                     fig.duplicate_results += 1
             elif status in ("failed", "canceled"):
                 fig.failed[row.error_code] += 1
@@ -135,5 +190,8 @@ def write_report(path: Path) -> None:
         totals.lost += fig.lost
         totals.duplicate_results += fig.duplicate_results
         totals.duplicate_generations += fig.duplicate_generations
+        totals.duplicate_terminal += fig.duplicate_terminal
+        totals.duplicate_deliveries += fig.duplicate_deliveries
+        totals.undelivered += fig.undelivered
     lines.append(totals.line())
     path.write_text("\n".join(lines) + "\n")

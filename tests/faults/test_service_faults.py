@@ -90,7 +90,7 @@ def test_f4_broker_stopped_and_restarted_under_steady_submits(fault_stack):
     assert all(running_at_outage), "no job was running when the broker went away"
     assert reloads == 0
     assert fig.refused == 0, "every POST during the outages must answer 202"
-    assert fig.lost == 0 and fig.duplicate_results == 0, fig.line()
+    assert fig.lost == 0 and fig.duplicate_results == 0 and fig.undelivered == 0, fig.line()
     assert fig.succeeded == len(sc.accepted)
     assert all(r >= 0 for r in fig.recovery_seconds)
 
@@ -112,7 +112,7 @@ def test_f8_postgres_restarted_under_load(fault_stack):
         recovery = _first_start_after(sc, back)
         sc.figures.recovery_seconds.append(recovery if recovery is not None else -1)
     fig = sc.report(rows)
-    assert fig.lost == 0 and fig.duplicate_results == 0, fig.line()
+    assert fig.lost == 0 and fig.duplicate_results == 0 and fig.undelivered == 0, fig.line()
     assert fig.succeeded == len(sc.accepted)
     assert all(r >= 0 for r in fig.recovery_seconds)
 
@@ -144,7 +144,7 @@ def test_f9_s3_unavailable_for_a_while(fault_stack):
     sc.figures.recovery_seconds.append(recovery if recovery is not None else -1)
     fig = sc.report(rows)
     assert fig.faults > 0, "no upload met the outage"
-    assert fig.lost == 0 and fig.duplicate_results == 0, fig.line()
+    assert fig.lost == 0 and fig.duplicate_results == 0 and fig.undelivered == 0, fig.line()
     # The outage is shorter than the retries' guaranteed span: nothing had to fail.
     assert fig.succeeded == len(sc.accepted), fig.line()
     assert all(row.status == JobStatus.SUCCEEDED for row in rows.values())

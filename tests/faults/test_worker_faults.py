@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.services]
 def _assert_nothing_lost(fig, accepted: int) -> None:
     assert fig.lost == 0, fig.line()
     assert fig.duplicate_results == 0, fig.line()
+    assert fig.undelivered == 0, fig.line()  # every succeeded job's webhook arrived
     assert fig.succeeded + sum(fig.failed.values()) == accepted
 
 

@@ -44,6 +44,8 @@ def test_list_filters_by_status(client, tenant_key):
         ("limit=101", "limit"),
         ("status=done", "status"),
         ("cursor=zzz", "cursor"),
+        ("cursor=%00", "cursor"),
+        ("status=queued%00", "status"),
     ],
 )
 def test_bad_list_parameters_are_422(client, tenant_key, query, field):
@@ -92,3 +94,43 @@ def test_unknown_route_and_method_use_the_error_envelope(client, tenant_key):
     assert missing.status_code == 404 and missing.json["code"] == 404
     wrong = client.delete("/v1/jobs", headers=auth(tenant_key))
     assert wrong.status_code == 405 and wrong.json["status"] == "Method Not Allowed"
+    assert set(wrong.headers["Allow"].split(", ")) == {"GET", "HEAD", "OPTIONS", "POST"}
+    job_path = "/v1/jobs/00000000-0000-0000-0000-000000000000/cancel"
+    wrong = client.get(job_path, headers=auth(tenant_key))
+    assert wrong.status_code == 405 and "POST" in wrong.headers["Allow"].split(", ")
+
+
+def test_openapi_declares_the_bounds_every_model_accepts(client, flask_app):
+    catalog = flask_app.extensions["diffq"].catalog
+    models = list(catalog.models.values())
+    props = client.get("/openapi.json").json["components"]["schemas"]["JobCreate"]["properties"]
+    for field, attr in (("width", "max_width"), ("height", "max_height")):
+        assert props[field]["multipleOf"] == models[0].size_multiple
+        assert props[field]["minimum"] == max(m.min_size for m in models)
+        assert props[field]["maximum"] <= min(getattr(m, attr) for m in models)
+        assert all(m.name in props[field]["description"] for m in models)
+    assert props["width"]["maximum"] * props["height"]["maximum"] <= min(
+        m.max_pixels for m in models
+    )
+    assert props["steps"]["maximum"] == min(m.max_steps for m in models)
+    assert props["num_images"]["maximum"] == min(m.max_num_images for m in models)
+    assert sorted(props["model"]["enum"]) == sorted(catalog.models)
+
+
+def test_the_largest_request_the_document_allows_is_accepted_by_every_model(
+    client, flask_app, tenant_key
+):
+    props = client.get("/openapi.json").json["components"]["schemas"]["JobCreate"]["properties"]
+    for model in props["model"]["enum"]:
+        body = {
+            "prompt": "p" * props["prompt"]["maxLength"],
+            "model": model,
+            "width": props["width"]["maximum"],
+            "height": props["height"]["maximum"],
+            "steps": props["steps"]["maximum"],
+            "num_images": props["num_images"]["maximum"],
+            "guidance_scale": props["guidance_scale"]["maximum"],
+            "scheduler": props["scheduler"]["enum"][-1],
+        }
+        response = client.post("/v1/jobs", json=body, headers=auth(tenant_key))
+        assert response.status_code == 202, (model, response.json)

@@ -48,6 +48,24 @@ CASES = [
     ("metadata", {"metadata": {"blob": "z" * 3000}}, "2048"),
     ("metadata", {"metadata": [1, 2]}, "mapping"),
     ("unexpected", {"unexpected": 1}, "Unknown field"),
+    # Every form the resolver reads as a private or loopback address, refused at submit.
+    ("webhook", {"webhook": "http://127.1/hook"}, "not a public address"),
+    ("webhook", {"webhook": "http://2130706433/hook"}, "not a public address"),
+    ("webhook", {"webhook": "http://0177.0.0.1/hook"}, "not a public address"),
+    ("webhook", {"webhook": "http://0x7f000001/hook"}, "not a public address"),
+    ("webhook", {"webhook": "http://localhost:8000/hook"}, "not a public address"),
+    ("webhook", {"webhook": "http://[::ffff:7f00:1]/hook"}, "IPv4-mapped"),
+    ("webhook", {"webhook": "http://[fe80::1%25eth0]/hook"}, "not a public address"),
+    # PostgreSQL cannot store U+0000: bad input naming the field, never a store error.
+    ("prompt", {"prompt": "a\x00b"}, "NUL"),
+    ("negative_prompt", {"negative_prompt": "\x00"}, "NUL"),
+    ("model", {"model": "tiny\x00"}, "NUL"),
+    ("scheduler", {"scheduler": "euler\x00"}, "NUL"),
+    ("metadata", {"metadata": {"k": "v\x00"}}, "NUL"),
+    ("metadata", {"metadata": {"k\x00": 1}}, "NUL"),
+    ("metadata", {"metadata": {"deep": [{"x": ["\x00"]}]}}, "NUL"),
+    ("webhook", {"webhook": "https://example.com/\x00"}, "NUL"),
+    ("webhook_events", {"webhook_events": ["job.succeeded\x00"]}, "NUL"),
 ]
 
 

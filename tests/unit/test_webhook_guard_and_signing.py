@@ -3,7 +3,6 @@ Standard Webhooks reference library."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import time
 from datetime import UTC, datetime, timedelta
@@ -14,7 +13,13 @@ from standardwebhooks.webhooks import Webhook
 from app.db.models import new_webhook_secret
 from app.webhooks import signing
 from app.webhooks.delivery import DeliveryConfig, next_delay, parse_retry_after
-from app.webhooks.guard import UnsafeUrl, check_url, parse_allow_list, resolve_target
+from app.webhooks.guard import (
+    UnsafeUrl,
+    check_url,
+    parse_allow_list,
+    resolve_target,
+    system_resolver,
+)
 
 # Refused by their form alone (what POST /v1/jobs checks, answering 422).
 REFUSED_AT_SUBMIT = [
@@ -44,17 +49,44 @@ REFUSED_AT_SUBMIT = [
     "http://example.com@127.0.0.1/hook",
     "http://127.0.0.1#@example.com/hook",
     "http:///hook",
+    # Every form the resolver reads as an address is refused at submit too.
+    "http://localhost/hook",
+    "http://LocalHost:8000/hook",
+    "http://localhost./hook",
+    "http://api.localhost/hook",
+    "http://127.1/hook",
+    "http://127.0.1/hook",
+    "http://2130706433/hook",  # decimal
+    "http://017700000001/hook",  # octal, one part
+    "http://0177.0.0.1/hook",  # octal
+    "http://0x7f.0.0.1/hook",  # hex
+    "http://0x7f.1/hook",
+    "http://0x7f000001/hook",
+    "http://0/hook",
+    "http://127.0.0.1./hook",  # trailing dot
+    "http://10.1/hook",
+    "http://0xa9.0xfe.0xa9.0xfe/latest/meta-data/",  # 169.254.169.254
+    "http://3232235777/hook",  # 192.168.1.1
+    "http://999.1/hook",  # numeric but no address: no name either
+    "http://[fe80::1%25eth0]/hook",  # link-local with a zone
+    "http://[::ffff:a9fe:a9fe]/hook",
+    "http://[0:0:0:0:0:ffff:127.0.0.1]/hook",
+    "http://[::127.0.0.1]/hook",  # IPv4-compatible
 ]
 # Names the system resolver (libc, no network) turns into loopback or "this host".
 REFUSED_AFTER_RESOLVING = [
     "http://localhost/hook",
-    "http://LocalHost:8000/hook",
     "http://127.1/hook",
-    "http://2130706433/hook",  # decimal
-    "http://0177.0.0.1/hook",  # octal
-    "http://0x7f.0.0.1/hook",  # hex
     "http://0x7f000001/hook",
-    "http://0/hook",
+]
+# Names a (fake) DNS server resolves to forbidden addresses.
+RESOLVING_TO_FORBIDDEN = [
+    ("https://hooks.internal.example/x", {"hooks.internal.example": ["10.1.2.3"]}),
+    ("https://127.0.0.1.nip.io/x", {"127.0.0.1.nip.io": ["127.0.0.1"]}),
+    ("https://metadata.example/x", {"metadata.example": ["169.254.169.254"]}),
+    ("https://v6.example/x", {"v6.example": ["::ffff:10.0.0.1"]}),
+    # One public and one private record: a rebinding name may alternate.
+    ("https://rebind.example/x", {"rebind.example": ["93.184.215.14", "127.0.0.1"]}),
 ]
 
 
@@ -84,16 +116,37 @@ def test_refused_once_resolved(url):
 
 
 @pytest.mark.parametrize(
-    ("url", "records"),
+    ("url", "address"),
     [
-        ("https://hooks.internal.example/x", {"hooks.internal.example": ["10.1.2.3"]}),
-        ("https://127.0.0.1.nip.io/x", {"127.0.0.1.nip.io": ["127.0.0.1"]}),
-        ("https://metadata.example/x", {"metadata.example": ["169.254.169.254"]}),
-        ("https://v6.example/x", {"v6.example": ["::ffff:10.0.0.1"]}),
-        # One public and one private record: a rebinding name may alternate.
-        ("https://rebind.example/x", {"rebind.example": ["93.184.215.14", "127.0.0.1"]}),
+        ("http://127.1:9000/h", "127.0.0.1"),
+        ("http://2130706433:9000/h", "127.0.0.1"),
+        ("http://0x7f.1:9000/h", "127.0.0.1"),
+        ("http://localhost:9000/h", "127.0.0.1"),
     ],
 )
+def test_an_allowed_address_in_shorthand_connects_to_that_address(url, address):
+    """Submit and delivery read a form the same way: allowed, it goes to that address."""
+    allow = parse_allow_list("127.0.0.1/32")
+    check_url(url, allow)
+    assert resolve_target(url, allow).address == address
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://1password.com/h",  # a name that starts with digits
+        "https://123.example/h",
+        "https://0x.example/h",
+        "https://hooks.example.com/h",
+        "https://[2606:4700::1111]/h",
+        "https://93.184.215.14/h",
+    ],
+)
+def test_public_names_and_addresses_pass_the_form_check(url):
+    check_url(url)
+
+
+@pytest.mark.parametrize(("url", "records"), RESOLVING_TO_FORBIDDEN)
 def test_names_resolving_to_forbidden_addresses_are_refused(url, records):
     with pytest.raises(UnsafeUrl):
         resolve_target(url, resolve=fake_dns(records))
@@ -123,10 +176,21 @@ def test_the_operator_allow_list_opens_only_its_ranges():
 
 
 def test_hostile_url_count():
-    refused = len(REFUSED_AT_SUBMIT) + len(REFUSED_AFTER_RESOLVING) + 5
-    print(f"\n{refused} hostile webhook URLs refused by the guard")
-    assert refused >= 25
-    assert all(ipaddress.ip_network(n) for n in ["64:ff9b::/96", "2002::/16"])
+    """Every hostile URL above is put to the guard once more and the refusals counted."""
+    records = {name: addrs for _, named in RESOLVING_TO_FORBIDDEN for name, addrs in named.items()}
+
+    def resolve(host: str, port: int) -> list[str]:  # the fake records, else libc
+        return records[host] if host in records else system_resolver(host, port)
+
+    hostile = REFUSED_AT_SUBMIT + REFUSED_AFTER_RESOLVING + [u for u, _ in RESOLVING_TO_FORBIDDEN]
+    refused = 0
+    for url in hostile:
+        try:
+            resolve_target(url, resolve=resolve)
+        except UnsafeUrl:
+            refused += 1
+    print(f"\n{refused} of {len(hostile)} hostile webhook URLs refused by the guard")
+    assert refused == len(hostile)
 
 
 def test_signatures_verify_with_the_standard_webhooks_library():

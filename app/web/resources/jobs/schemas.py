@@ -12,6 +12,7 @@ from marshmallow import fields, validate
 from app.catalog import ModelSpec
 from app.jobs.states import JobStatus, Priority
 from app.web.services import services
+from app.web.strings import RefusesNul
 from app.webhooks.events import EVENT_TYPES
 from app.webhooks.guard import MAX_URL_LENGTH, UnsafeUrl, check_url, parse_allow_list
 
@@ -21,7 +22,7 @@ METADATA_MAX_BYTES = 2048
 MAX_CANCEL_AFTER = 7 * 24 * 3600
 
 
-class JobCreateSchema(ma.Schema):
+class JobCreateSchema(RefusesNul, ma.Schema):
     prompt = fields.String(
         required=True,
         validate=validate.Length(min=1, error="Must not be empty."),
@@ -235,7 +236,7 @@ def normalize(spec: ModelSpec, data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class IdempotencyHeaderSchema(ma.Schema):
+class IdempotencyHeaderSchema(RefusesNul, ma.Schema):
     class Meta:
         unknown = ma.EXCLUDE  # every other header
 
@@ -269,7 +270,7 @@ class SubmitHeadersSchema(IdempotencyHeaderSchema, PreferHeaderSchema):
     pass
 
 
-class JobListQuerySchema(ma.Schema):
+class JobListQuerySchema(RefusesNul, ma.Schema):
     status = fields.String(
         validate=validate.OneOf([s.value for s in JobStatus]),
         metadata={"description": "Only jobs in this state."},

@@ -1,8 +1,8 @@
 """fair share and cost: tenants' weight and daily GPU-second quota; each job's GPU
 seconds, device and the message it ran on; daily usage per tenant, model and device
 
-Revision ID: 0009
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-11-23
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0009'
-down_revision = '0005'
+revision = '0007'
+down_revision = '0006'
 branch_labels = None
 depends_on = None
 

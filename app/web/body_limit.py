@@ -1,0 +1,73 @@
+"""Bodies over DIFFQ_MAX_BODY_BYTES: a 413 that names the limit (and the largest field),
+answered after the body is read, so a reused keep-alive connection stays usable.
+
+Left to Flask, an oversized body is refused unread; the server then closes a socket
+with data still arriving and the client may see a connection reset instead of the 413.
+This middleware reads and discards the body first (up to `drain_max` bytes; beyond that
+it answers with `Connection: close`, as reading a huge body costs more than a new
+connection).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+DRAIN_CHUNK = 64 * 1024
+
+
+def _largest_field(body: bytes) -> tuple[str, int] | None:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not data:
+        return None
+    sizes = {str(k): len(json.dumps(v)) for k, v in data.items()}
+    name = max(sizes, key=sizes.get)
+    return name, sizes[name]
+
+
+class BodyLimit:
+    def __init__(self, app: Callable, limit: int, drain_max: int | None = None) -> None:
+        self.app = app
+        self.limit = limit
+        self.drain_max = drain_max if drain_max is not None else max(16 * limit, 1 << 20)
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or -1)
+        except ValueError:
+            length = -1
+        if length <= self.limit:
+            return self.app(environ, start_response)
+        body = self._drain(environ["wsgi.input"], min(length, self.drain_max))
+        message = (
+            f"The request body is {length} bytes; the limit is {self.limit} bytes "
+            "(DIFFQ_MAX_BODY_BYTES)."
+        )
+        answer: dict[str, Any] = {"code": 413, "status": "Payload Too Large"}
+        field = _largest_field(body) if len(body) == length else None
+        if field is not None:
+            name, size = field
+            message += f" Its largest field, '{name}', is {size} bytes of JSON."
+            answer["errors"] = {"json": {name: [f"{size} bytes; the whole body is limited."]}}
+        answer["message"] = message
+        payload = json.dumps(answer).encode()
+        headers = [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))]
+        if length > self.drain_max:
+            headers.append(("Connection", "close"))
+        start_response("413 Payload Too Large", headers)
+        return [payload]
+
+    @staticmethod
+    def _drain(stream: Any, count: int) -> bytes:
+        kept, left = [], count
+        while left > 0:
+            chunk = stream.read(min(DRAIN_CHUNK, left))
+            if not chunk:
+                break
+            kept.append(chunk)
+            left -= len(chunk)
+        return b"".join(kept)
