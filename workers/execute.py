@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -21,7 +22,7 @@ from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs import fairness, transitions
 from app.jobs.cache import cache_key
-from app.jobs.payload import InvalidPayload, parse_payload
+from app.jobs.payload import GENERATE_TASK, InvalidPayload, build_payload, parse_payload
 from app.jobs.states import ErrorCode, JobStatus
 from app.logs import job_context
 from app.metrics.instruments import (
@@ -30,6 +31,7 @@ from app.metrics.instruments import (
     STEP_DURATION,
     WORKER_BUSY,
 )
+from app.queues import DEAD_LETTER_EXCHANGE, JOBS_EXCHANGE, dead_letter_queue_name
 from app.storage import StorageUnavailable, image_key
 from app.storage.retry import put_with_retry
 from workers.encoding import encode_image
@@ -339,7 +341,7 @@ def _finish_later(
     lease = LeaseKeeper(
         renew, interval=rt.settings.lease_seconds / 3, stop=threading.Event()
     ).start()
-    context = {"job_id": str(job.id), "tenant": str(job.tenant_id)}
+    context = {"job_id": str(job.id), "tenant": str(job.tenant_id), "attempt": str(job.attempts)}
 
     steps = int(job.input["steps"])
 
@@ -348,12 +350,45 @@ def _finish_later(
             with job_context(**context):
                 # Even the stage write is off the GPU's path.
                 reporter.stage("uploading", steps, steps)
-                return _finish(rt, job, output, outcome, (*timing, reporter.writes))
+                finished = _finish(rt, job, output, outcome, (*timing, reporter.writes))
+                if finished.verdict == Verdict.DEAD_LETTER:
+                    _dead_letter_copy(job, finished.reason)
+                return finished
         finally:
             lease.close()
 
     rt.postprocessor.submit(work)
     return Outcome(Verdict.ACK, "generated; encode, upload and record handed over", True)
+
+
+def _dead_letter_copy(job: Job, reason: str) -> None:
+    """A job that fails after the hand-over (its message already acked) gets the dead
+    letter the inline path would have left, with RabbitMQ's x-death shape, so operators
+    list and requeue it the same way (`celery -A tasks dlq`)."""
+    from celery import current_app
+
+    death = {
+        "reason": "rejected",
+        "count": 1,
+        "queue": job.queue,
+        "exchange": JOBS_EXCHANGE.name,
+        "routing-keys": [job.queue],
+        "time": datetime.now(UTC).replace(microsecond=0),
+    }
+    try:
+        current_app.send_task(
+            GENERATE_TASK,
+            args=[build_payload(job)],
+            task_id=str(job.id),
+            exchange=DEAD_LETTER_EXCHANGE.name,
+            routing_key=dead_letter_queue_name(job.queue),
+            headers={"x-death": [death]},
+            argsrepr=f"job_id={job.id}",
+            kwargsrepr="{}",
+            retry=True,
+        )
+    except Exception:
+        log.exception("job %s failed (%s); its dead letter could not be written", job.id, reason)
 
 
 def _crashed(rt: WorkerRuntime, job: Job, exc: Exception) -> Outcome:

@@ -256,8 +256,18 @@ def localize(
     role.args = [role.local_text(arg) for arg in command]
     env = {name: role.local_text(value) for name, value in workload.env.items()}
     env.update({k: v for k, v in secrets.items() if k in env})
+    path = os.environ.get("PATH", "/usr/bin:/bin")
+    if "--gpus" in command:
+        # A GPU node's driver, stood in: nvidia-smi lists the one GPU the container was
+        # given. torch finds no CUDA here, so the pinned worker runs on the CPU.
+        driver = paths["/tmp"] / "nvidia-driver"
+        driver.mkdir(parents=True, exist_ok=True)
+        smi = driver / "nvidia-smi"
+        smi.write_text('#!/bin/sh\nprintf "GPU 0: NVIDIA Stand-in (UUID: GPU-0)\\n"\n')
+        smi.chmod(0o755)
+        path = f"{driver}:{path}"
     role.env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PATH": path,
         "HOME": str(paths["/var/lib/diffq"]),
         "LANG": "C.UTF-8",
         "TMPDIR": str(paths["/tmp"]),
