@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+# Tries to claim a job for one message when other workers keep taking the chosen one.
+CLAIM_TRIES = 5
+
+
 class Verdict(StrEnum):
     ACK = "ack"  # done with this message: the row says what happened
     DEAD_LETTER = "dead_letter"  # reject without requeue: the DLQ keeps it for operators
@@ -128,35 +132,35 @@ def _claim(
             return claim
         if claim.kind == transitions.ClaimKind.EXHAUSTED and claim.job is not None:
             _give_up(session, claim.job)
-    job = session.get(Job, message_job_id)
-    if job is None:
-        return transitions.Claim(transitions.ClaimKind.MISSING)
-    if job.status != JobStatus.QUEUED and job.permit_id is not None:
+    for _ in range(CLAIM_TRIES):
+        session.expire_all()  # what other workers committed since the last try
+        job = session.get(Job, message_job_id)
+        if job is None:
+            return transitions.Claim(transitions.ClaimKind.MISSING)
         # Its job ran on another job's message: this message is that job's permit.
+        spare = job.status != JobStatus.QUEUED and job.permit_id is not None
+        if not spare and not (rt.settings.fair_share and job.status == JobStatus.QUEUED):
+            break
         chosen = fairness.choose(session, job, utcnow(), rt.settings.fair_share_window)
-        if chosen is None:
+        if chosen is None:  # a spare permit with nothing waiting
             kind = (
                 transitions.ClaimKind.FINISHED
                 if job.status.terminal
                 else transitions.ClaimKind.BUSY
             )
             return transitions.Claim(kind, job)
-        claim = transitions.claim_job(session, chosen, permit_id=message_job_id, **claim_args)
-        if claim.kind == transitions.ClaimKind.EXHAUSTED and claim.job is not None:
-            _give_up(session, claim.job)
-        return (
-            claim
-            if claim.kind == transitions.ClaimKind.CLAIMED
-            else transitions.Claim(transitions.ClaimKind.BUSY, job)
-        )
-    if rt.settings.fair_share and job.status == JobStatus.QUEUED:
-        chosen = fairness.choose(session, job, utcnow(), rt.settings.fair_share_window)
-        if chosen is not None and chosen != message_job_id:
+        if chosen == message_job_id:
+            claim = transitions.claim_job(session, chosen, **claim_args)
+        else:
             claim = transitions.claim_job(session, chosen, permit_id=message_job_id, **claim_args)
-            if claim.kind == transitions.ClaimKind.CLAIMED:
-                return claim
-            if claim.kind == transitions.ClaimKind.EXHAUSTED and claim.job is not None:
-                _give_up(session, claim.job)
+        if claim.kind == transitions.ClaimKind.CLAIMED:
+            return claim
+        if claim.kind == transitions.ClaimKind.EXHAUSTED and claim.job is not None:
+            if chosen == message_job_id:
+                return claim  # the caller dead-letters its own message
+            _give_up(session, claim.job)
+        # Another worker took the chosen job first (perhaps on this job's own behalf):
+        # look again, so that this message never goes unused while a job waits.
     return transitions.claim_job(session, message_job_id, **claim_args)
 
 

@@ -65,6 +65,11 @@ def test_f4_broker_stopped_and_restarted_under_steady_submits(fault_stack):
     with SteadyLoad(sc, 0.5, prompt="f4", steps=16) as load:
         for outage in (stack.rabbit.stop,):
             time.sleep(3)
+            # A job that is surely running when the broker goes (the load's are short).
+            sc.submit(prompt="f4-long", steps=300, width=128, height=128)
+            deadline = time.monotonic() + 30
+            while not _running(sc) and time.monotonic() < deadline:
+                time.sleep(0.1)
             running_at_outage.append(_running(sc))
             outage()
             sc.figures.faults += 1
