@@ -36,9 +36,11 @@ def test_queued_jobs_report_their_position_and_an_honest_eta(api_server, worker,
         job = submit(api_server.url, tenant_key, prompt="history", steps=steps, **LONGER)
         wait_terminal(api_server.url, tenant_key, job["id"])
     blocker = submit(api_server.url, tenant_key, prompt="blocker", steps=120, **LONGER)
-    wait_until(lambda: get(api_server, tenant_key, blocker["id"])["progress"]["step"] >= 5)
+    # Past its first steps the running job's pace is steady, and each queued job adds
+    # more to the estimate than that pace jitters between two reads.
+    wait_until(lambda: get(api_server, tenant_key, blocker["id"])["progress"]["step"] >= 15)
     backlog = [
-        submit(api_server.url, tenant_key, prompt=f"b{i}", steps=30, **LONGER) for i in range(4)
+        submit(api_server.url, tenant_key, prompt=f"b{i}", steps=60, **LONGER) for i in range(4)
     ]
 
     asked = datetime.now().astimezone()

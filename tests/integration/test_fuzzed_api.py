@@ -16,9 +16,14 @@ pytestmark = pytest.mark.services
 EXAMPLES = 12  # per operation: the suite's time budget, not the fuzzer's reach
 # Values a JSON Schema cannot pin down, so a "schema-valid" request may rightly get a 422:
 # the list's `cursor` is an opaque token from an earlier page; a job's `webhook` must name a
-# public address and its `metadata` fit in 2 KiB of JSON. (The bounds a schema can state
+# public address and its `metadata` fit in 2 KiB of JSON; usage's `from` must not come after
+# its `to`, nor span over 366 days. (The bounds a schema can state
 # are checked by tests/integration/test_api_surface.py.)
-OPAQUE_INPUT = {"GET /v1/jobs", "POST /v1/jobs"}
+OPAQUE_INPUT = {"GET /v1/jobs", "POST /v1/jobs", "GET /v1/usage"}
+# Answers only once a worker has made the images (504 past its wait): fuzzing it here, with
+# no worker, would test the timeout. tests/e2e/test_openai_client.py drives it with the
+# real `openai` client, its bad input included.
+NEEDS_A_WORKER = {"POST /v1/images/generations"}
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +81,9 @@ def test_generated_requests_get_documented_answers(api_schema, fuzz_key):
     for result in api_schema.get_all_operations():
         operation = result.ok()
         label = f"{operation.method.upper()} {operation.path}"
+        if label in NEEDS_A_WORKER:
+            continue
         tried[label] = _fuzz(operation, label, fuzz_key)
     print(f"\n{sum(tried.values())} generated requests over {len(tried)} operations: {tried}")
+    print(f"not fuzzed here (need a worker): {sorted(NEEDS_A_WORKER)}")
     assert len(tried) >= 8
