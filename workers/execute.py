@@ -141,6 +141,8 @@ def _claim(
         spare = job.status != JobStatus.QUEUED and job.permit_id is not None
         if not spare and not (rt.settings.fair_share and job.status == JobStatus.QUEUED):
             break
+        if not spare and job.deadline_at is not None and job.deadline_at <= utcnow():
+            break  # its own job is past its deadline: claiming it cancels it
         chosen = fairness.choose(session, job, utcnow(), rt.settings.fair_share_window)
         if chosen is None:  # a spare permit with nothing waiting
             kind = (

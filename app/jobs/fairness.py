@@ -35,13 +35,15 @@ class Share:
         return self.used / self.weight
 
 
-def _waiting(queue: str, priority: int):
-    """Queued jobs of the pool at this priority that hold a confirmed message."""
+def _waiting(queue: str, priority: int, now: datetime):
+    """Queued jobs of the pool at this priority that hold a confirmed message and may
+    still start (not past their deadline)."""
     return and_(
         Job.queue == queue,
         Job.status == JobStatus.QUEUED,
         Job.publish_priority == priority,
         Job.published_at.is_not(None),
+        or_(Job.deadline_at.is_(None), Job.deadline_at > now),
     )
 
 
@@ -82,7 +84,7 @@ def fairest(
     """The oldest waiting job (at `priority`) of the tenant with the least weighted recent
     GPU time; ties go to the `prefer` tenant, then to the oldest job."""
     rank = func.row_number().over(partition_by=Job.tenant_id, order_by=Job.id).label("rank")
-    waiting = select(Job.tenant_id, Job.id, rank).where(_waiting(queue, priority)).subquery()
+    waiting = select(Job.tenant_id, Job.id, rank).where(_waiting(queue, priority, now)).subquery()
     heads = dict(
         session.execute(select(waiting.c.tenant_id, waiting.c.id).where(waiting.c.rank == 1)).all()
     )

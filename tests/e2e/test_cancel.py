@@ -45,7 +45,10 @@ def test_a_running_job_stops_at_the_next_step_and_the_worker_takes_the_next_job(
     api_server, worker, tenant_key
 ):
     total_steps = 400
-    long_job = submit(api_server.url, tenant_key, prompt="long", steps=total_steps)
+    # Steps of a few tens of ms, so that the 50 ms progress writes lag it by a step or two.
+    long_job = submit(
+        api_server.url, tenant_key, prompt="long", steps=total_steps, width=256, height=192
+    )
     wait_until(
         lambda: get(api_server, tenant_key, long_job["id"])["progress"]["step"] >= 3, timeout=60
     )
