@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import socket
 import struct
@@ -198,7 +199,9 @@ def test_many_sockets_on_one_process_all_see_the_end(roomy_api, tenant_key):
         codes = await close_codes(fleet)
         return fleet, held_rss, held_threads, codes
 
-    fleet, held_rss, held_threads, codes = asyncio.run(scenario())
+    # Its own thread: a session-wide browser (tests/browser) may hold this thread's loop.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fleet, held_rss, held_threads, codes = pool.submit(asyncio.run, scenario()).result()
     print(
         f"\n{SOCKETS} sockets on one API process: RSS {idle_rss} -> {held_rss} KiB "
         f"(+{(held_rss - idle_rss) / SOCKETS:.1f} KiB a socket), threads {idle_threads} -> "

@@ -113,8 +113,11 @@ def test_f3_rolling_sigterm_restarts_under_load(fault_stack):
     def submitter():
         for i in range(40):
             # Every fourth job outlasts the 3 s shutdown grace and must be handed back
-            # (480 cheap 64 x 64 steps: the tiny model's VAE downsamples by 8).
-            sc.submit(prompt=f"f3-{i}", steps=480 if i % 4 == 0 else 16)
+            # (480 steps at 128 x 128: several seconds even on one fast core).
+            if i % 4 == 0:
+                sc.submit(prompt=f"f3-{i}", steps=480, width=128, height=128)
+            else:
+                sc.submit(prompt=f"f3-{i}", steps=16)
             if stop.wait(0.6):
                 return
 
