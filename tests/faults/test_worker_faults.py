@@ -12,7 +12,13 @@ import pytest
 
 from app.jobs.states import JobStatus
 from tests.faults.harness import Scenario
-from tests.faults.killing import kill_child, kill_worker, parent_pid, worker_main_pid
+from tests.faults.killing import (
+    child_pid,
+    kill_child,
+    kill_worker,
+    parent_pid,
+    worker_main_pid,
+)
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.services]
@@ -121,18 +127,39 @@ def test_f3_rolling_sigterm_restarts_under_load(fault_stack):
             if stop.wait(0.6):
                 return
 
+    def worker_on_a_long_job() -> str | None:
+        """The worker running a long job that has most of its steps left, if any."""
+        for row in sc.rows().values():
+            steps = (row.progress or {}).get("step", 0)
+            if row.status != JobStatus.RUNNING or row.input.get("steps") != 480 or steps > 160:
+                continue
+            pid = child_pid(row)
+            while pid and pid > 1:
+                for name, worker in stack.workers.items():
+                    if worker.pid == pid:
+                        return name
+                pid = parent_pid(pid)
+        return None
+
     thread = threading.Thread(target=submitter)
     thread.start()
     handbacks_before = sum(p.read_text().count("handed back") for p in stack.worker_logs())
     try:
-        for _ in range(2):
-            for name in ("fa", "fb"):
-                time.sleep(1.5)
-                stack.workers[name].stop(signal.SIGTERM, timeout=90)
-                sc.figures.faults += 1
-                started = time.monotonic()
-                stack.start_worker(name)
-                sc.figures.recovery_seconds.append(time.monotonic() - started)
+        for turn in range(4):
+            time.sleep(1.5)
+            # Stop a worker in the middle of a long job (so that a hand-back is due),
+            # else the next in turn.
+            deadline = time.monotonic() + 20
+            name = None
+            while name is None and time.monotonic() < deadline:
+                name = worker_on_a_long_job()
+                time.sleep(0.1)
+            name = name or ("fa", "fb")[turn % 2]
+            stack.workers[name].stop(signal.SIGTERM, timeout=90)
+            sc.figures.faults += 1
+            started = time.monotonic()
+            stack.start_worker(name)
+            sc.figures.recovery_seconds.append(time.monotonic() - started)
     finally:
         stop.set()
         thread.join()

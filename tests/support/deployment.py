@@ -250,10 +250,12 @@ def localize(
             target = paths[mount.path] if mount.kind == "file" else paths[mount.path] / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(role.local_path(content))
-    command = list(workload.command)
+    command = [role.local_text(arg) for arg in workload.command]
     if command and command[0] == "diffq":
+        # This interpreter, as it is: its path is ours, not the container's to map (it
+        # may itself lie under /tmp).
         command = [sys.executable, "-m", "app.cli", *command[1:]]
-    role.args = [role.local_text(arg) for arg in command]
+    role.args = command
     env = {name: role.local_text(value) for name, value in workload.env.items()}
     env.update({k: v for k, v in secrets.items() if k in env})
     path = os.environ.get("PATH", "/usr/bin:/bin")
