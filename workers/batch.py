@@ -150,6 +150,14 @@ def _claim_member(rt: WorkerRuntime, leader: Job, permit: Permit) -> Job | None:
         )
         if claim.kind != transitions.ClaimKind.CLAIMED:
             return None
+        assert claim.job is not None
+        log.info(
+            "job %s claimed (attempt %d), joining the batch of job %s",
+            claim.job.id,
+            claim.job.attempts,
+            leader.id,
+            extra={"job_id": str(claim.job.id), "tenant": str(claim.job.tenant_id)},
+        )
         return claim.job
 
 
