@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kombu import Queue
+from kombu import Producer, Queue
 
 from app.jobs.payload import GENERATE_TASK
 
@@ -20,8 +20,10 @@ log = logging.getLogger(__name__)
 
 
 class BrokerPermit:
-    def __init__(self, message: Any) -> None:
+    def __init__(self, message: Any, producer: Any, queue: str) -> None:
         self._message = message
+        self._producer = producer
+        self._queue = queue
         self.redelivered = bool(message.delivery_info.get("redelivered"))
         self.payload = self._payload(message)
 
@@ -42,6 +44,33 @@ class BrokerPermit:
     def reject(self, requeue: bool) -> None:
         self._message.reject(requeue=requeue)
 
+    def pass_back(self) -> None:
+        """Return a message the batch does not use, as it came.
+
+        A requeue would mark it redelivered, which the ordinary path reads as "its
+        worker died: take over the job it started". A fresh copy is published (confirmed)
+        before the original is acked; a crash in between leaves a duplicate, which the
+        claim absorbs. A message already redelivered goes back as it is.
+        """
+        message = self._message
+        if self.redelivered:
+            message.reject(requeue=True)
+            return
+        properties = message.properties or {}
+        self._producer.publish(
+            message.body,
+            exchange="",
+            routing_key=self._queue,
+            headers=message.headers,
+            content_type=message.content_type,
+            content_encoding=message.content_encoding,
+            delivery_mode=properties.get("delivery_mode", 2),
+            priority=properties.get("priority"),
+            correlation_id=properties.get("correlation_id"),
+            retry=False,
+        )
+        message.ack()
+
 
 class BrokerPermits:
     """basic.get on one queue, on a connection of its own (closed after the batch)."""
@@ -51,10 +80,14 @@ class BrokerPermits:
         self._connection.ensure_connection(max_retries=1)
         self._channel = self._connection.channel()
         self._queue = Queue(queue, no_declare=True)(self._channel)
+        self._name = queue
+        self._producer = Producer(self._channel)
 
     def fetch(self) -> BrokerPermit | None:
         message = self._queue.get(no_ack=False, accept=["json"])
-        return BrokerPermit(message) if message is not None else None
+        if message is None:
+            return None
+        return BrokerPermit(message, self._producer, self._name)
 
     def close(self) -> None:
         try:

@@ -56,6 +56,9 @@ class Permit(Protocol):
 
     def reject(self, requeue: bool) -> None: ...
 
+    def pass_back(self) -> None:
+        """Return an unused message to its queue, as it came (not marked redelivered)."""
+
 
 class PermitSource(Protocol):
     def fetch(self) -> Permit | None:
@@ -118,7 +121,7 @@ def collect(
         raise
     finally:
         for permit in passed:
-            permit.reject(requeue=True)
+            permit.pass_back()
     return claimed
 
 
