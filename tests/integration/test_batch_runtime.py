@@ -183,3 +183,32 @@ def test_a_model_that_does_not_batch_never_opens_a_source(runtime, db):
             assert session.get(Job, job_id).status == JobStatus.SUCCEEDED
     finally:
         runtime.models["tiny"] = rt_model
+
+
+def test_a_batch_keeps_its_images_within_the_models_pixel_budget(runtime, db):
+    model = runtime.models["tiny"]
+    budget = 3 * 64 * 64  # three 64x64 images in one call
+    runtime.models["tiny"] = replace(model, spec=replace(model.spec, max_pixels_per_job=budget))
+    try:
+        tenant = f"budget-{uuid.uuid4().hex[:8]}"
+        _leader_id, leader_payload = _new_job(db, tenant, seed=1)
+        fits, too_big, fits_too = (
+            _new_job(db, tenant, seed=2)[0],
+            _new_job(db, tenant, seed=3, num_images=2)[0],
+            _new_job(db, tenant, seed=5)[0],
+        )
+        permits = [
+            FakePermit(db, job_id, build_payload_of(db, job_id), runtime.owner)
+            for job_id in (fits, too_big, fits_too)
+        ]
+        outcome = execute.execute_job(
+            runtime, leader_payload, redelivered=False, open_permits=lambda q: FakeSource(permits)
+        )
+        if runtime.postprocessor is not None:
+            assert runtime.postprocessor.drain(timeout=60)
+        assert outcome.verdict == execute.Verdict.ACK
+        assert [p.settled for p in permits] == [["ack"], ["passed"], ["ack"]]
+        with db.session() as session:
+            assert session.get(Job, too_big).status == JobStatus.QUEUED
+    finally:
+        runtime.models["tiny"] = model
