@@ -1,8 +1,8 @@
 """Celery settings for diffq, read from the environment (see the README's configuration table)."""
 
+from app.broker.topology import WEBHOOK_QUEUE, work_queue
 from app.catalog import load_catalog
 from app.config import load_settings
-from app.queues import WEBHOOK_QUEUE, work_queue
 
 _settings = load_settings()
 _catalog = load_catalog(_settings)
@@ -10,7 +10,7 @@ _catalog = load_catalog(_settings)
 # --- Broker ------------------------------------------------------------------------
 if _settings.embedded:
     # No server: kombu's filesystem transport under DIFFQ_HOME (no DLX, no priorities).
-    from app.embedded_broker import transport_options  # also registers the URL scheme
+    from app.broker.embedded import transport_options  # also registers the URL scheme
 
     broker_url = _settings.broker_url
     broker_transport_options = transport_options(_settings)

@@ -68,10 +68,10 @@ def main() -> int:
     env = {**stack.env, **env_extra, "DIFFQ_BROKER_URL": url, "OMP_NUM_THREADS": "1"}
 
     os.environ.update({"DIFFQ_QUEUE_TYPE": "quorum"})
+    from app.broker.topology import declare_topology
     from app.db.models import Job
     from app.db.session import Database
     from app.keys import create_key, get_or_create_tenant
-    from app.queues import declare_topology
 
     with Connection(url) as conn:
         declare_topology(conn, [QUEUE, "webhooks"])

@@ -17,10 +17,10 @@ from celery.bin.base import CeleryCommand, handle_preload_options
 
 @cache
 def _services():
+    from app.broker.publish import Publisher
     from app.catalog import load_catalog
     from app.config import load_settings
     from app.db.session import Database
-    from app.publish import Publisher
 
     settings = load_settings()
     catalog = load_catalog(settings)
@@ -30,7 +30,7 @@ def _services():
 
 
 def _dead_letters(ctx: click.Context, queues: tuple[str, ...]):
-    from app.deadletter import DeadLetters
+    from app.broker.deadletters import DeadLetters
 
     _settings, catalog, db, _publisher = _services()
     app = ctx.obj.app
@@ -42,7 +42,7 @@ def _dead_letters(ctx: click.Context, queues: tuple[str, ...]):
 
 
 def _selection(job_ids: tuple[str, ...], error_code: str | None, everything: bool):
-    from app.deadletter import Selection
+    from app.broker.deadletters import Selection
 
     try:
         ids = frozenset(uuid.UUID(j) for j in job_ids)
@@ -160,9 +160,9 @@ def jobs(ctx):
 def jobs_requeue(ctx, job_ids, stuck, yes):
     """Queue failed jobs (or queued ones whose message was lost) again, with a fresh
     attempt budget, and publish them. Succeeded and canceled jobs are left alone."""
+    from app.broker.publish import publish_and_mark
     from app.db.models import Job
     from app.jobs import transitions
-    from app.publish import publish_and_mark
 
     try:
         ids = [uuid.UUID(j) for j in job_ids]

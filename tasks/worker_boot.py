@@ -13,9 +13,9 @@ from celery import signals
 from celery.exceptions import WorkerShutdown
 
 from app import logs
+from app.broker.topology import WEBHOOK_QUEUE, declare_topology
 from app.catalog import load_catalog
 from app.config import load_settings
-from app.queues import WEBHOOK_QUEUE, declare_topology
 from workers import metrics as worker_metrics
 
 log = logging.getLogger(__name__)

@@ -18,6 +18,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app import usage
+from app.broker.topology import DEAD_LETTER_EXCHANGE, JOBS_EXCHANGE, dead_letter_queue_name
 from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs import fairness, transitions
@@ -31,7 +32,6 @@ from app.metrics.instruments import (
     STEP_DURATION,
     WORKER_BUSY,
 )
-from app.queues import DEAD_LETTER_EXCHANGE, JOBS_EXCHANGE, dead_letter_queue_name
 from app.storage import StorageUnavailable, image_key
 from app.storage.retry import put_with_retry
 from workers.encoding import encode_image

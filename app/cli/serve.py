@@ -10,8 +10,8 @@ import sys
 import threading
 from pathlib import Path
 
+from app.broker.topology import WEBHOOK_QUEUE
 from app.config import load_settings
-from app.queues import WEBHOOK_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -154,10 +154,10 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def relay_loop(stop: threading.Event, interval: float, heartbeat: str | None = None) -> None:
+    from app.broker.publish import Publisher
     from app.catalog import load_catalog
     from app.db.session import Database
-    from app.publish import Publisher
-    from app.relay import relay_pass
+    from app.housekeeping.relay import relay_pass
     from app.storage import open_storage
 
     settings = load_settings()
@@ -168,18 +168,7 @@ def relay_loop(stop: threading.Event, interval: float, heartbeat: str | None = N
     storage = open_storage(settings)
     while not stop.is_set():
         try:
-            relay_pass(
-                db,
-                publisher,
-                relay_after=settings.relay_after,
-                aging=settings.priority_aging,
-                max_attempts=settings.max_attempts,
-                webhook_lease=settings.webhook_timeout * 2 + 30,
-                storage=storage,
-                retention=settings.result_retention,
-                max_running=settings.max_running,
-                job_retention=settings.job_retention,
-            )
+            relay_pass(db, publisher, settings, storage)
         except Exception:
             log.exception("relay pass failed; retrying")
         if heartbeat:

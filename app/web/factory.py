@@ -6,10 +6,10 @@ from flask import Flask
 from flask_smorest import Api
 
 from app import logs
+from app.broker.publish import Publisher
 from app.catalog import load_catalog
 from app.config import Settings, load_settings
 from app.db.session import Database
-from app.publish import Publisher
 from app.storage import open_storage
 from app.web.body_limit import BodyLimit
 from app.web.errors import register_error_handlers

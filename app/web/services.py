@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from flask import current_app, g
 from sqlalchemy.orm import Session
 
+from app.broker.publish import Publisher
 from app.catalog import Catalog
 from app.config import Settings
 from app.db.session import Database
-from app.publish import Publisher
 from app.storage import Storage
 from app.web.watch import JobWatcher
 

@@ -51,7 +51,7 @@ class Ops:
 def ops(stack, tmp_path_factory):
     from kombu import Connection
 
-    from app.queues import declare_topology
+    from app.broker.topology import declare_topology
     from tests.support.stack import QUEUES
 
     workdir = tmp_path_factory.mktemp("ops")

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.services
 @pytest.fixture(scope="module")
 def outage(stack):
     """Own vhost, an API, and a worker that reaches S3 only through a cuttable proxy."""
-    from app.queues import declare_topology
+    from app.broker.topology import declare_topology
 
     vhost = f"diffq-test-s3-{uuid.uuid4().hex[:8]}"
     broker_url = services.create_vhost(vhost)

@@ -152,9 +152,9 @@ class FaultStack:
 def fault_stack(tmp_path_factory) -> FaultStack:
     from kombu import Connection
 
+    from app.broker.topology import declare_topology
     from app.db.migrate import upgrade
     from app.db.session import Database
-    from app.queues import declare_topology
 
     workdir = tmp_path_factory.mktemp("faults")
     logs = workdir / "logs"

@@ -104,8 +104,8 @@ def start_stack(workdir: Path, extra_env: dict[str, str] | None = None) -> Stack
         bucket = f"diffq-test-{run}"
         s3.client().create_bucket(Bucket=bucket)
 
+        from app.broker.topology import declare_topology
         from app.db.migrate import upgrade
-        from app.queues import declare_topology
 
         upgrade(database_url)
         with Connection(broker_url) as conn:

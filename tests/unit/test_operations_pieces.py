@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
+from app.broker.deadletters import DeadLetter, Selection
 from app.cli import main
 from app.cli.serve import management_api_url
-from app.deadletter import DeadLetter, Selection
 from app.logs import JobContextFilter, JsonFormatter, job_context
 
 

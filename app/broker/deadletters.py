@@ -20,12 +20,12 @@ from typing import Any
 
 from kombu import Connection, Queue
 
+from app.broker.publish import Publisher, publish_and_mark
+from app.broker.topology import dead_letter_queue_name
 from app.db.models import Job
 from app.db.session import Database
 from app.jobs import transitions
 from app.jobs.states import ErrorCode, JobStatus
-from app.publish import Publisher, publish_and_mark
-from app.queues import dead_letter_queue_name
 
 
 @dataclass

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import time
 
+from app.broker.topology import WEBHOOK_QUEUE, declare_topology
 from app.catalog import Catalog
 from app.db.models import Job
 from app.db.session import Database
 from app.jobs import service
 from app.jobs.payload import DELIVER_WEBHOOK_TASK, GENERATE_TASK, build_payload
-from app.queues import WEBHOOK_QUEUE, declare_topology
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ class Transport(filesystem.Transport):
 
 # Every process that builds the Celery app imports this module (through celeryconfig),
 # so the scheme of EMBEDDED_BROKER_URL resolves everywhere.
-TRANSPORT_ALIASES[EMBEDDED_BROKER_URL.split(":", 1)[0]] = "app.embedded_broker:Transport"
+TRANSPORT_ALIASES[EMBEDDED_BROKER_URL.split(":", 1)[0]] = "app.broker.embedded:Transport"
 
 
 def transport_options(settings: Settings) -> dict:
