@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import json
-import secrets
 from typing import Any
 
 import marshmallow as ma
 from marshmallow import fields, validate
 
-from app.catalog import ModelSpec
 from app.jobs.states import JobStatus, Priority
 from app.jobs.view import JobSchema
+from app.rules import MAX_SEED, OUTPUT_FORMATS, SCHEDULERS, model_limit_errors, normalize
 from app.web.services import services
 from app.web.strings import RefusesNul
 from app.webhooks.events import EVENT_TYPES
 from app.webhooks.guard import MAX_URL_LENGTH, UnsafeUrl, check_url, parse_allow_list
 
-MAX_SEED = 2**32 - 1
-OUTPUT_FORMATS = ("png", "jpeg", "webp")
 METADATA_MAX_BYTES = 2048
 MAX_CANCEL_AFTER = 7 * 24 * 3600
 
@@ -57,10 +54,7 @@ class JobCreateSchema(RefusesNul, ma.Schema):
         strict=True, metadata={"description": "Images in this job, 1..`max_num_images`."}
     )
     scheduler = fields.String(
-        metadata={
-            "description": "One of the model's schedulers: default, ddim, euler, euler_a, "
-            "dpm++, pndm, lms or lcm (few-step models)."
-        }
+        metadata={"description": f"One of the model's schedulers: {', '.join(SCHEDULERS)}."}
     )
     output_format = fields.String(
         load_default="png",
@@ -161,80 +155,6 @@ class JobCreateSchema(RefusesNul, ma.Schema):
             "cache": data["cache"],
             "seeded": data.get("seed") is not None,
         }
-
-
-def model_limit_errors(spec: ModelSpec, data: dict[str, Any]) -> dict[str, list[str]]:
-    """Every limit of the model that the request breaks, by field."""
-    errors: dict[str, list[str]] = {}
-
-    def add(field: str, message: str) -> None:
-        errors.setdefault(field, []).append(message)
-
-    for field, key in (("prompt", "prompt"), ("negative_prompt", "negative_prompt")):
-        value = data.get(key)
-        if value and len(value) > spec.max_prompt_chars:
-            add(field, f"At most {spec.max_prompt_chars} characters for model '{spec.name}'.")
-    for field, maximum in (("width", spec.max_width), ("height", spec.max_height)):
-        value = data.get(field)
-        if value is None:
-            continue
-        if value % spec.size_multiple or not spec.min_size <= value <= maximum:
-            add(
-                field,
-                f"Must be a multiple of {spec.size_multiple} between {spec.min_size} and "
-                f"{maximum} for model '{spec.name}'.",
-            )
-    width = data.get("width", spec.default_width)
-    height = data.get("height", spec.default_height)
-    if "width" not in errors and "height" not in errors and width * height > spec.max_pixels:
-        add(
-            "width",
-            f"width x height = {width * height} pixels exceeds the {spec.max_pixels} "
-            f"allowed for model '{spec.name}'.",
-        )
-    steps = data.get("steps")
-    if steps is not None and not 1 <= steps <= spec.max_steps:
-        add("steps", f"Must be between 1 and {spec.max_steps} for model '{spec.name}'.")
-    guidance = data.get("guidance_scale")
-    if guidance is not None and not 0 <= guidance <= spec.max_guidance:
-        add("guidance_scale", f"Must be between 0 and {spec.max_guidance} for model '{spec.name}'.")
-    count = data.get("num_images")
-    if count is not None and not 1 <= count <= spec.max_num_images:
-        add("num_images", f"Must be between 1 and {spec.max_num_images} for model '{spec.name}'.")
-    count = data.get("num_images", 1)
-    budget = spec.max_pixels_per_job
-    sized = not {"width", "height", "num_images"} & set(errors)
-    if budget is not None and sized and width * height * count > budget:
-        message = (
-            f"width x height x num_images = {width} x {height} x {count} = "
-            f"{width * height * count} pixels exceeds the {budget} one job may use on "
-            f"model '{spec.name}' (max_pixels_per_job): ask for fewer or smaller images."
-        )
-        for name in ("width", "height", "num_images"):
-            add(name, message)
-    scheduler = data.get("scheduler")
-    if scheduler is not None and scheduler not in spec.schedulers:
-        add("scheduler", f"Must be one of: {', '.join(spec.schedulers)}.")
-    return errors
-
-
-def normalize(spec: ModelSpec, data: dict[str, Any]) -> dict[str, Any]:
-    """The request with every default filled in, including the seed that will be used."""
-    seed = data.get("seed")
-    return {
-        "prompt": data["prompt"],
-        "negative_prompt": data.get("negative_prompt"),
-        "model": spec.name,
-        "width": data.get("width", spec.default_width),
-        "height": data.get("height", spec.default_height),
-        "steps": data.get("steps", spec.default_steps),
-        "guidance_scale": float(data.get("guidance_scale", spec.default_guidance)),
-        "seed": seed if seed is not None else secrets.randbelow(MAX_SEED + 1),
-        "num_images": data.get("num_images", 1),
-        "scheduler": data.get("scheduler", "default"),
-        "output_format": data["output_format"],
-        "priority": data["priority"],
-    }
 
 
 class IdempotencyHeaderSchema(RefusesNul, ma.Schema):
