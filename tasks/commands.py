@@ -14,6 +14,8 @@ from functools import cache
 import click
 from celery.bin.base import CeleryCommand, handle_preload_options
 
+from app.webhooks import events as _webhook_events  # noqa: F401 - subscribes to job changes
+
 
 @cache
 def _services():

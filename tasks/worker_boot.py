@@ -16,6 +16,7 @@ from app import logs
 from app.broker.topology import WEBHOOK_QUEUE, declare_topology
 from app.catalog import load_catalog
 from app.config import load_settings
+from app.webhooks import events as _webhook_events  # noqa: F401 - subscribes to job changes
 from workers import metrics as worker_metrics
 
 log = logging.getLogger(__name__)

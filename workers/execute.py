@@ -60,7 +60,6 @@ class Verdict(StrEnum):
 class Outcome:
     verdict: Verdict
     reason: str
-    generated: bool = False
 
 
 def execute_job(rt: WorkerRuntime, raw_payload: Any, *, redelivered: bool) -> Outcome:
@@ -364,7 +363,7 @@ def _finish_later(
             lease.close()
 
     rt.postprocessor.submit(work)
-    return Outcome(Verdict.ACK, "generated; encode, upload and record handed over", True)
+    return Outcome(Verdict.ACK, "generated; encode, upload and record handed over")
 
 
 def _dead_letter_copy(job: Job, reason: str) -> None:
@@ -430,7 +429,7 @@ def _succeeded(
     elapsed = time.perf_counter() - started
     if not recorded:
         log.warning("job %s finished but is no longer held; result not recorded", job.id)
-        return Outcome(Verdict.ACK, "finished but no longer held", generated=True)
+        return Outcome(Verdict.ACK, "finished but no longer held")
     JOBS_FINISHED.labels(job.model, "succeeded", "").inc()
     GENERATION_DURATION.labels(job.model, str(steps)).observe(generated - started)
     STEP_DURATION.labels(job.model).observe((generated - started) / max(1, steps))
@@ -443,7 +442,7 @@ def _succeeded(
         progress_writes,
         extra={"job_id": str(job.id)},
     )
-    return Outcome(Verdict.ACK, "succeeded", generated=True)
+    return Outcome(Verdict.ACK, "succeeded")
 
 
 def _stopped(rt: WorkerRuntime, job: Job, step: int) -> Outcome:
@@ -455,10 +454,10 @@ def _stopped(rt: WorkerRuntime, job: Job, step: int) -> Outcome:
             log.warning(
                 "job %s handed back at step %s: worker shutting down", job.id, step, extra=extra
             )
-            return Outcome(Verdict.REQUEUE, "handed back: worker shutting down", generated=True)
+            return Outcome(Verdict.REQUEUE, "handed back: worker shutting down")
     # Canceled, taken over by a redelivery, or reaped: the row already says which.
     log.info("job %s stopped at step %s: no longer held (canceled?)", job.id, step, extra=extra)
-    return Outcome(Verdict.ACK, "stopped: job no longer held", generated=True)
+    return Outcome(Verdict.ACK, "stopped: job no longer held")
 
 
 def _encode_and_upload(

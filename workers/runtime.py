@@ -16,6 +16,7 @@ from app.jobs.cache import record_model_digest
 from app.jobs.listener import Listener
 from app.jobs.notify import CANCEL_CHANNEL
 from app.storage import Storage, open_storage
+from app.webhooks import events as _webhook_events  # noqa: F401 - subscribes to job changes
 from workers.devices import configure_cpu_threads, select_device
 from workers.pipelines import LoadedModel, load_model, warm_up
 from workers.postprocess import PostProcessor

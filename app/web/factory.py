@@ -18,6 +18,7 @@ from app.web.model_bounds import declare as declare_model_bounds
 from app.web.openapi import spec_options
 from app.web.services import Services, close_request_session
 from app.web.watch import JobWatcher
+from app.webhooks import events as _webhook_events  # noqa: F401 - subscribes to job changes
 
 
 def create_app(settings: Settings | None = None) -> Flask:

@@ -14,8 +14,6 @@ from workers.progress import ProgressReporter
 
 
 class FlakyStore:
-    kind = "flaky"
-
     def __init__(self, failures: int, transient: bool = True) -> None:
         self.failures = failures
         self.transient = transient
