@@ -9,36 +9,27 @@ from __future__ import annotations
 
 import json
 import uuid
-from functools import cache
 
 import click
 from celery.bin.base import CeleryCommand, handle_preload_options
 
 
-@cache
 def _services():
-    from app.broker.publish import Publisher
-    from app.catalog import load_catalog
-    from app.config import load_settings
-    from app.db.session import Database
+    from tasks.celery_app import services
 
-    settings = load_settings()
-    catalog = load_catalog(settings)
-    db = Database(settings.database_url, pool_size=1)
-    publisher = Publisher(catalog, embedded=settings.embedded, timeout=settings.publish_timeout)
-    return settings, catalog, db, publisher
+    return services()
 
 
 def _dead_letters(ctx: click.Context, queues: tuple[str, ...]):
     from app.broker.deadletters import DeadLetters
 
-    _settings, catalog, db, _publisher = _services()
-    app = ctx.obj.app
+    svc = _services()
+    catalog, app = svc.catalog, ctx.obj.app
     chosen = list(queues) or catalog.queues
     unknown = sorted(set(chosen) - set(catalog.queues))
     if unknown:
         raise click.BadParameter(f"unknown queue(s) {unknown}; known: {catalog.queues}")
-    return DeadLetters(app.connection_for_write, db, chosen)
+    return DeadLetters(app.connection_for_write, svc.db, chosen)
 
 
 def _selection(job_ids: tuple[str, ...], error_code: str | None, everything: bool):
@@ -126,8 +117,7 @@ def dlq_requeue(ctx, queues, job_ids, error_code, everything, yes):
     goes back to `queued` in the same step)."""
     selection = _selection(job_ids, error_code, everything)
     _confirm(yes, "Requeue the selected dead letters?")
-    publisher = _services()[3]
-    _report(_dead_letters(ctx, queues).requeue(selection, publisher), "requeued")
+    _report(_dead_letters(ctx, queues).requeue(selection, _services().publisher), "requeued")
 
 
 @dlq.command("purge")
@@ -169,7 +159,8 @@ def jobs_requeue(ctx, job_ids, stuck, yes):
     except ValueError as exc:
         raise click.BadParameter(f"not a job id: {exc}") from exc
     _confirm(yes, f"Requeue {len(ids)} job(s)?")
-    _settings, _catalog, db, publisher = _services()
+    svc = _services()
+    db, publisher = svc.db, svc.publisher
     done = 0
     for job_id in ids:
         with db.session() as session:
@@ -195,7 +186,8 @@ def queues(ctx, as_json):
     and consumers (RabbitMQ), dead letters, and the oldest queued job's age."""
     from app.metrics.readings import BrokerReadings, job_gauges
 
-    _settings, catalog, db, _publisher = _services()
+    svc = _services()
+    catalog, db = svc.catalog, svc.db
     values: dict[str, dict[str, float]] = {q: {} for q in catalog.queues}
     families = job_gauges(db, catalog.queues)
     families += BrokerReadings(ctx.obj.app.connection_for_read, catalog.queues).collect()

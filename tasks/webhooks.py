@@ -13,15 +13,15 @@ from tasks.celery_app import app
 def _context():
     """Per worker process: the database, the delivery settings, and the job view the
     API answers GET /v1/jobs/{id} with (so a webhook's `data` is the same object)."""
-    from app.config import load_settings
     from app.web.factory import create_app
     from app.web.resources.jobs.presenter import job_view
     from app.web.resources.jobs.schemas import JobSchema
     from app.web.services import services
     from app.webhooks.delivery import DeliveryConfig
     from app.webhooks.guard import parse_allow_list
+    from tasks.celery_app import services as root
 
-    settings = load_settings()
+    settings = root().settings
     flask_app = create_app(settings)
     schema = JobSchema()
 

@@ -154,18 +154,11 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def relay_loop(stop: threading.Event, interval: float, heartbeat: str | None = None) -> None:
-    from app.broker.publish import Publisher
-    from app.catalog import load_catalog
-    from app.db.session import Database
     from app.housekeeping.relay import relay_pass
-    from app.storage import open_storage
+    from app.services import root
 
-    settings = load_settings()
-    db = Database(settings.database_url, pool_size=1)
-    publisher = Publisher(
-        load_catalog(settings), embedded=settings.embedded, timeout=settings.publish_timeout
-    )
-    storage = open_storage(settings)
+    svc = root(db_pool_size=1)
+    settings, db, publisher, storage = svc.settings, svc.db, svc.publisher, svc.storage
     while not stop.is_set():
         try:
             relay_pass(db, publisher, settings, storage)
