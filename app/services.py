@@ -4,8 +4,9 @@ Every process (the API, a GPU worker and its pool children, a webhook worker, th
 each CLI command) reads its settings once, here, and gets the catalog, database, result
 store and publisher from one `Services`. Each resource is opened on first use, so a
 process holds only what it touches (the relay never loads a model; `diffq keys` never
-opens the store). The Celery app is passed in by the process that has one (tasks/,
-cli/): app/ never imports it.
+opens the store). The Celery app is passed in by a process that has one (a worker's,
+from tasks/), or built here for publishing (app/broker/celery.py): app/ never imports
+tasks/ or workers/.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ class Services:
         catalog: Catalog | None = None,
     ) -> None:
         self.settings = settings
-        self.celery = celery
+        if celery is not None:
+            self.__dict__["celery"] = celery
         self._db_pool_size = db_pool_size
         self._publish_pause = publish_pause
         if catalog is not None:
@@ -64,6 +66,13 @@ class Services:
         return open_storage(self.settings)
 
     @resource
+    def celery(self):
+        """The Celery app passed in (tasks/ gives a worker's), or a publishing one."""
+        from app.broker.celery import create_celery
+
+        return create_celery(lambda: self)
+
+    @resource
     def publisher(self) -> Publisher:
         return Publisher(
             self.catalog,
@@ -79,7 +88,8 @@ class Services:
 
     def derive(self, **options) -> Services:
         """A root for a forked child: the same settings and catalog, its own connections."""
-        options.setdefault("celery", self.celery)
+        if self.opened("celery"):
+            options.setdefault("celery", self.celery)
         return Services(self.settings, catalog=self.catalog, **options)
 
     def close(self) -> None:

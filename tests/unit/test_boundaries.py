@@ -47,3 +47,27 @@ def test_workers_import_no_flask():
         "import workers.execute, workers.runtime, workers.generation, workers.supervisor"
     )
     assert not loaded & {"flask", "flask_smorest", "werkzeug"}
+
+
+def test_no_module_of_app_imports_workers_tasks_or_the_cli():
+    """Read from the source, so an import inside a function counts too."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "app"
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            found += [
+                f"{path.relative_to(package.parent)}: {name}"
+                for name in names
+                if name.split(".")[0] in {"workers", "tasks", "cli"}
+            ]
+    assert package.joinpath("services.py").exists()  # the walk saw the package
+    assert found == []

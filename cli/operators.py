@@ -1,8 +1,10 @@
-"""Operators' commands on the `celery` CLI: `celery -A tasks dlq|jobs|queues …`.
+"""Operators' commands: `dlq`, `requeue`, `queues`, the same click commands on both CLIs.
 
-Registered through the `celery.commands` entry point (pyproject.toml), so they appear in
-`celery -A tasks --help` beside inspect, status and purge. Every destructive command
-asks first unless given --yes, and prints what it did, one line per job.
+`diffq dlq|requeue|queues …`, and `celery -A tasks dlq|requeue|queues …` through the
+`celery.commands` entry point (pyproject.toml), beside inspect, status and purge. On the
+celery CLI, `celery -A tasks jobs requeue` is the older spelling of `requeue` (on `diffq`,
+`jobs` is the API client's). Every destructive command asks first unless given --yes, and
+prints what it did, one line per job.
 """
 
 from __future__ import annotations
@@ -18,6 +20,17 @@ def _services():
     from tasks.celery_app import services
 
     return services()
+
+
+class DiffqContext:
+    """What these commands find in `ctx.obj` under `diffq` (the celery CLI gives its own
+    CLIContext): the Celery app, imported only by a command that uses it."""
+
+    @property
+    def app(self):
+        from tasks import app
+
+        return app
 
 
 def _dead_letters(ctx: click.Context, queues: tuple[str, ...]):
@@ -131,14 +144,7 @@ def dlq_purge(ctx, queues, job_ids, error_code, everything, yes):
     _report(_dead_letters(ctx, queues).purge(selection), "purged")
 
 
-@click.group(name="jobs")
-@click.pass_context
-@handle_preload_options
-def jobs(ctx):
-    """Jobs by id: requeue failed or stuck ones."""
-
-
-@jobs.command("requeue")
+@click.command(cls=CeleryCommand, name="requeue", short_help="Requeue failed or stuck jobs by id.")
 @click.argument("job_ids", nargs=-1, required=True)
 @click.option(
     "--stuck",
@@ -147,7 +153,8 @@ def jobs(ctx):
 )
 @click.option("--yes", "-y", is_flag=True, help="do not ask for confirmation")
 @click.pass_context
-def jobs_requeue(ctx, job_ids, stuck, yes):
+@handle_preload_options
+def requeue(ctx, job_ids, stuck, yes):
     """Queue failed jobs (or queued ones whose message was lost) again, with a fresh
     attempt budget, and publish them. Succeeded and canceled jobs are left alone."""
     from app.broker.publish import publish_and_mark
@@ -177,7 +184,19 @@ def jobs_requeue(ctx, job_ids, stuck, yes):
     click.echo(f"requeued {done} of {len(ids)} job(s)")
 
 
-@click.command(cls=CeleryCommand, name="queues")
+@click.group(name="jobs")
+@click.pass_context
+@handle_preload_options
+def jobs(ctx):
+    """Jobs by id: `requeue` (the older spelling of `celery -A tasks requeue`)."""
+
+
+jobs.add_command(requeue)
+
+
+@click.command(
+    cls=CeleryCommand, name="queues", short_help="Depth of every work queue (and its DLQ)."
+)
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
 @click.pass_context
 @handle_preload_options
@@ -212,3 +231,7 @@ def queues(ctx, as_json):
     for queue, row in values.items():
         cells = "".join(f"{(f'{row[key]:.0f}' if key in row else '?'):>11}" for key, _ in columns)
         click.echo(f"{queue:<20}{cells}")
+
+
+# What `diffq` adds (its `jobs` is the API client's, cli/client.py).
+COMMANDS = (dlq, requeue, queues)
