@@ -80,7 +80,7 @@ def main() -> int:
         key = create_key(session, get_or_create_tenant(session, "quorum"), "bench")
     api = ApiServer(env, stack.logs).start()
     relay = ManagedProcess(
-        "relay", [sys.executable, "-m", "app.cli", "relay", "--interval", "0.5"], env, stack.logs
+        "relay", [sys.executable, "-m", "cli", "relay", "--interval", "0.5"], env, stack.logs
     ).start()
     worker = start_worker(env, stack.logs, "worker-q", models="tiny")
     accepted, refused, latencies = [], 0, []

@@ -16,27 +16,23 @@ from tasks.celery_app import app
 @cache
 def _context():
     """Per worker process: the database, the delivery settings and the job view."""
-    from app import logs
-    from app.config import load_settings
-    from app.db.session import Database
     from app.jobs.view import job_json, job_view
-    from app.storage import open_storage
     from app.webhooks.delivery import DeliveryConfig
     from app.webhooks.guard import parse_allow_list
+    from tasks.celery_app import services
 
-    settings = load_settings()
-    logs.configure(settings.log_level, settings.log_format)
-    storage = open_storage(settings)
+    root = services()
+    settings = root.settings
 
     def view(job):
-        return job_json(job_view(job, storage, settings.presign_ttl, settings.public_url))
+        return job_json(job_view(job, root.storage, settings.presign_ttl, settings.public_url))
 
     config = DeliveryConfig(
         schedule=settings.webhook_schedule,
         timeout=settings.webhook_timeout,
         allow=tuple(parse_allow_list(settings.webhook_allow_cidrs)),
     )
-    return Database(settings.database_url), config, view
+    return root.db, config, view
 
 
 @app.task(name=DELIVER_WEBHOOK_TASK, acks_late=True, ignore_result=True)

@@ -26,7 +26,6 @@ from app.db.models import Job
 from app.db.session import Database
 from app.jobs import transitions
 from app.jobs.states import ErrorCode, JobStatus
-from app.webhooks import events as _webhook_events  # noqa: F401 - subscribes to job changes
 
 
 @dataclass

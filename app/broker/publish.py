@@ -16,7 +16,8 @@ log = logging.getLogger(__name__)
 
 
 class Publisher:
-    """Publishes job messages with the Celery app from `tasks` (imported on first use)."""
+    """Publishes job messages with the Celery app it is given (the root's), or one of its
+    own (app/broker/celery.py) built on first use."""
 
     def __init__(
         self,
@@ -40,9 +41,9 @@ class Publisher:
     @property
     def celery(self):
         if self._celery is None:
-            from tasks.celery_app import app
+            from app.broker.celery import create_celery
 
-            self._celery = app
+            self._celery = create_celery()
         return self._celery
 
     def _ensure_topology(self) -> None:

@@ -128,7 +128,7 @@ def _liveness_url(role: LocalRole) -> str:
 
 def _cli(role: LocalRole, *args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
+        [sys.executable, "-m", "cli", *args],
         env=role.env,
         capture_output=True,
         text=True,

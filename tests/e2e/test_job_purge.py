@@ -50,7 +50,7 @@ def test_the_relay_purges_finished_jobs_and_their_webhook_rows(
 
     relay = ManagedProcess(
         "relay-purge",
-        [sys.executable, "-m", "app.cli", "relay", "--interval", "0.3"],
+        [sys.executable, "-m", "cli", "relay", "--interval", "0.3"],
         {**stack.env, "DIFFQ_RESULT_RETENTION": "1", "DIFFQ_JOB_RETENTION": "2"},
         stack.logs,
     ).start()

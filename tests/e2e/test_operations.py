@@ -76,7 +76,7 @@ def ops(stack, tmp_path_factory):
     worker = start_worker(worker_env, stack.logs, "worker-ops", models="tiny")
     flower = ManagedProcess(
         "flower",
-        [sys.executable, "-m", "app.cli", "flower", "--bind", f"127.0.0.1:{flower_port}"],
+        [sys.executable, "-m", "cli", "flower", "--bind", f"127.0.0.1:{flower_port}"],
         env,
         stack.logs,
     ).start()

@@ -38,7 +38,7 @@ def hooks(stack, worker):
     api = ApiServer(env, stack.logs, name="api-hooks").start()
     relay = ManagedProcess(
         "relay-hooks",
-        [sys.executable, "-m", "app.cli", "relay", "--interval", "0.2"],
+        [sys.executable, "-m", "cli", "relay", "--interval", "0.2"],
         env,
         stack.logs,
     ).start()
@@ -48,7 +48,7 @@ def hooks(stack, worker):
         [
             sys.executable,
             "-m",
-            "app.cli",
+            "cli",
             "webhooks",
             "--concurrency",
             "8",

@@ -113,7 +113,7 @@ class FaultStack:
     def start_relay(self) -> None:
         self.relay = ManagedProcess(
             "relay",
-            [sys.executable, "-m", "app.cli", "relay", "--interval", "0.5"],
+            [sys.executable, "-m", "cli", "relay", "--interval", "0.5"],
             self.env,
             self.logs,
         ).start()
@@ -124,7 +124,7 @@ class FaultStack:
             [
                 sys.executable,
                 "-m",
-                "app.cli",
+                "cli",
                 "webhooks",
                 "--concurrency",
                 "4",

@@ -47,7 +47,7 @@ def test_one_worker_per_gpu_and_a_killed_one_comes_back_alone(stack, api_server,
     smi.write_text(f'#!/bin/sh\nprintf "{listing}"\n')
     smi.chmod(0o755)
     env = {**stack.env, "PATH": f"{fake_bin}:{os.environ['PATH']}"}
-    args = [sys.executable, "-m", "app.cli", "worker", "--gpus", "all", "--models", "tiny-b"]
+    args = [sys.executable, "-m", "cli", "worker", "--gpus", "all", "--models", "tiny-b"]
     workers = ManagedProcess("worker-pinned", [*args, "--name", "pinned"], env, stack.logs)
     workers.start()
     try:

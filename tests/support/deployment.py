@@ -254,7 +254,7 @@ def localize(
     if command and command[0] == "diffq":
         # This interpreter, as it is: its path is ours, not the container's to map (it
         # may itself lie under /tmp).
-        command = [sys.executable, "-m", "app.cli", *command[1:]]
+        command = [sys.executable, "-m", "cli", *command[1:]]
     role.args = command
     env = {name: role.local_text(value) for name, value in workload.env.items()}
     env.update({k: v for k, v in secrets.items() if k in env})

@@ -89,7 +89,7 @@ def start_worker(
     args = [
         sys.executable,
         "-m",
-        "app.cli",
+        "cli",
         "worker",
         "--gpus",
         "none",
@@ -125,7 +125,7 @@ class ApiServer(ManagedProcess):
         args = [
             sys.executable,
             "-m",
-            "app.cli",
+            "cli",
             "api",
             "--bind",
             f"127.0.0.1:{self.port}",

@@ -76,7 +76,7 @@ class Stack:
 
 def build_tiny_model(path: Path) -> Path:
     subprocess.run(
-        [sys.executable, "-m", "app.cli", "model", "build-tiny", str(path)],
+        [sys.executable, "-m", "cli", "model", "build-tiny", str(path)],
         check=True,
         capture_output=True,
     )

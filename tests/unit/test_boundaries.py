@@ -66,14 +66,17 @@ def test_the_state_machine_does_not_import_webhooks():
 
 
 # Every process that changes jobs, by the module its entry point imports first: each
-# must have the webhook listener subscribed, or its changes would send no webhooks.
+# builds its state through the composition root (app/services.py), which subscribes the
+# webhook listener; without it, that process's changes would send no webhooks.
 STATE_CHANGING_ENTRY_POINTS = (
     "app.web.factory",  # the API: cancel, cache hits
     "workers.runtime",  # GPU worker pool process: claim, progress, outcome
-    "tasks.worker_boot",  # GPU worker main process: a hard time limit's failure
-    "app.housekeeping.relay",  # reaping, deadlines, aging, retention
-    "app.broker.deadletters",  # operators' dead-letter purge and requeue
-    "tasks.commands",  # `celery -A tasks dlq|jobs`
+    "tasks.boot.gpu",  # GPU worker main process: a hard time limit's failure
+    "tasks.celery_app",  # `celery -A tasks dlq|requeue`, webhook workers
+    "cli.serve",  # `diffq relay`: reaping, deadlines, aging, retention
+    "cli.operators",  # `diffq dlq|requeue`: dead-letter purge and requeue
+    "cli.admin",  # `diffq keys|tenants|db`
+    "cli.up",  # the embedded mode
 )
 
 
@@ -96,3 +99,27 @@ def test_every_process_that_changes_jobs_subscribes_the_webhook_listener():
         m for m, names in subscribed.items() if "app.webhooks.events.record_change" not in names
     ]
     assert not missing, f"no webhook listener after importing {missing}"
+
+
+def test_no_module_of_app_imports_workers_tasks_or_the_cli():
+    """Read from the source, so an import inside a function counts too."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "app"
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            found += [
+                f"{path.relative_to(package.parent)}: {name}"
+                for name in names
+                if name.split(".")[0] in {"workers", "tasks", "cli"}
+            ]
+    assert package.joinpath("services.py").exists()  # the walk saw the package
+    assert found == []

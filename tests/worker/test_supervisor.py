@@ -126,7 +126,7 @@ def test_gpus_all_without_nvidia_smi_is_a_clear_error(tmp_path, monkeypatch):
         parse_gpus("all")
     assert parse_gpus("auto") == []  # the explicit fallback to the CPU
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "worker", "--gpus", "all"],
+        [sys.executable, "-m", "cli", "worker", "--gpus", "all"],
         env={**os.environ, "PATH": str(tmp_path), "PYTHONPATH": str(REPO)},
         cwd=REPO,
         capture_output=True,
