@@ -79,6 +79,15 @@ def model_limit_errors(spec: ModelSpec, data: dict[str, Any]) -> dict[str, list[
             f"width x height = {width * height} pixels exceeds the {spec.max_pixels} "
             f"allowed for model '{spec.name}'.",
         )
+    if (
+        spec.sizes_required
+        and "width" not in errors
+        and "height" not in errors
+        and (width, height) not in spec.size_tiers
+    ):
+        tiers = ", ".join(spec.sizes)
+        for name in ("width", "height"):
+            add(name, f"width x height must be one of {tiers} for model '{spec.name}'.")
     steps = data.get("steps")
     if steps is not None and not 1 <= steps <= spec.max_steps:
         add("steps", f"Must be between 1 and {spec.max_steps} for model '{spec.name}'.")
