@@ -15,7 +15,7 @@ import uuid
 from kombu import Connection, Consumer, Exchange, Queue
 
 from bench.report import print_table
-from tests.support import services
+from testbed import services
 
 KINDS = {
     "classic + x-max-priority (diffq)": {"x-max-priority": 9},

@@ -9,8 +9,8 @@ import uuid
 import pytest
 from kombu import Connection
 
-from tests.support.jobs import submit, wait_terminal
-from tests.support.services import queue_state
+from testbed.jobs import submit, wait_terminal
+from testbed.services import queue_state
 
 pytestmark = pytest.mark.services
 
@@ -82,7 +82,7 @@ def test_a_version_1_message_from_before_an_upgrade_runs_its_job_from_the_row(
     from app.db.types import utcnow
     from app.jobs.service import create_job
     from app.jobs.states import JobStatus, Priority
-    from tests.support.waiting import wait_until
+    from testbed.waiting import wait_until
 
     row_input = {
         "prompt": "from the row",

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from testbed.faultproxy import FaultProxy
+from testbed.private_postgres import PrivatePostgres
+from testbed.private_rabbit import PrivateRabbitMQ
+from testbed.processes import ApiServer, ManagedProcess, start_worker
+from testbed.receiver import Receiver
+from testbed.seaweed import SeaweedS3
+from testbed.stack import build_tiny_model
 from tests.faults.harness import REPORT, write_report
-from tests.support.faultproxy import FaultProxy
-from tests.support.private_postgres import PrivatePostgres
-from tests.support.private_rabbit import PrivateRabbitMQ
-from tests.support.processes import ApiServer, ManagedProcess, start_worker
-from tests.support.receiver import Receiver
-from tests.support.seaweed import SeaweedS3
-from tests.support.stack import build_tiny_model
 
 MODELS = """\
 default_model = "tiny"

@@ -1,6 +1,6 @@
 """The worker's execution of one message, in this process, on a fake pipeline: no broker,
 no S3, no worker process, no model weights (SQLite and local files; see
-tests/support/factories.py). Each test is a few hundred milliseconds."""
+testbed/factories.py). Each test is a few hundred milliseconds."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from app.db.models import Job
 from app.jobs import transitions
 from app.jobs.states import ErrorCode, JobStatus
-from tests.support import factories
+from testbed import factories
 from workers.execute import Verdict, execute_job
 
 
