@@ -116,3 +116,16 @@ def test_a_pixel_budget_edge_is_exact():
     budget = replace(SPEC, max_pixels_per_job=2 * 128 * 128)
     assert model_limit_errors(budget, {"width": 128, "height": 128, "num_images": 2}) == {}
     assert model_limit_errors(budget, {"width": 128, "height": 136, "num_images": 2})
+
+
+def test_every_size_tier_of_a_tiered_model_runs_and_another_size_is_refused(tiny_pipeline):
+    tiered = replace(SPEC, sizes=("64x64", "128x64", "64x128"), sizes_required=True)
+    tiered.check()
+    for width, height in tiered.size_tiers:
+        request = {"prompt": "a red cube", "output_format": "png", "priority": "normal"}
+        request.update(width=width, height=height, steps=1)
+        assert model_limit_errors(tiered, request) == {}
+        params = normalize(tiered, request)
+        [image] = generate_images(tiny_pipeline, params, device="cpu", on_step=lambda *_: True)
+        assert image.size == (width, height)
+    assert model_limit_errors(tiered, {"width": 128, "height": 128})
