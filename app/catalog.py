@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from app.config import Settings
+from app.rules import SCHEDULER_NAMES
 
 # RabbitMQ 3.x cancels a consumer whose delivery stays unacked for consumer_timeout
 # (30 min by default); a job's hard time limit must end well before that.
@@ -14,8 +15,8 @@ CONSUMER_TIMEOUT_SECONDS = 1800
 TIME_LIMIT_HEADROOM_SECONDS = 300
 
 DTYPES = ("float32", "float16", "bfloat16")
-# Each name has a class in workers/generation.py SCHEDULER_CLASSES (a test runs them all).
-SCHEDULERS = ("default", "ddim", "euler", "euler_a", "dpm++", "pndm", "lms", "lcm")
+# Every scheduler a model may offer: app/rules.py's table (a test runs each on the worker).
+SCHEDULERS = SCHEDULER_NAMES
 
 
 class CatalogError(ValueError):

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-# kombu's filesystem transport under DIFFQ_HOME/broker (registered in app/embedded_broker.py).
+# kombu's filesystem transport under DIFFQ_HOME/broker (registered in app/broker/embedded.py).
 EMBEDDED_BROKER_URL = "diffqfs://localhost//"
 
 

@@ -24,10 +24,10 @@ import requests
 from kombu import Connection
 from sqlalchemy import select
 
-from tests.support.jobs import auth
-from tests.support.private_rabbit import PrivateRabbitMQ
-from tests.support.processes import ApiServer, ManagedProcess, start_worker
-from tests.support.stack import start_stack
+from testbed.jobs import auth
+from testbed.private_rabbit import PrivateRabbitMQ
+from testbed.processes import ApiServer, ManagedProcess, start_worker
+from testbed.stack import start_stack
 
 QUEUE = "gpu.tiny"
 
@@ -68,10 +68,10 @@ def main() -> int:
     env = {**stack.env, **env_extra, "DIFFQ_BROKER_URL": url, "OMP_NUM_THREADS": "1"}
 
     os.environ.update({"DIFFQ_QUEUE_TYPE": "quorum"})
+    from app.broker.topology import declare_topology
     from app.db.models import Job
     from app.db.session import Database
     from app.keys import create_key, get_or_create_tenant
-    from app.queues import declare_topology
 
     with Connection(url) as conn:
         declare_topology(conn, [QUEUE, "webhooks"])
@@ -80,7 +80,7 @@ def main() -> int:
         key = create_key(session, get_or_create_tenant(session, "quorum"), "bench")
     api = ApiServer(env, stack.logs).start()
     relay = ManagedProcess(
-        "relay", [sys.executable, "-m", "app.cli", "relay", "--interval", "0.5"], env, stack.logs
+        "relay", [sys.executable, "-m", "cli", "relay", "--interval", "0.5"], env, stack.logs
     ).start()
     worker = start_worker(env, stack.logs, "worker-q", models="tiny")
     accepted, refused, latencies = [], 0, []

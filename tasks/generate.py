@@ -11,8 +11,8 @@ from sqlalchemy.exc import DBAPIError
 
 from app.jobs.payload import GENERATE_TASK
 from tasks.batching import opener
+from tasks.boot.gpu import record_hard_timeout, runtime
 from tasks.celery_app import app
-from tasks.worker_boot import record_hard_timeout, runtime
 
 log = logging.getLogger(__name__)
 

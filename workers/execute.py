@@ -18,6 +18,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app import usage
+from app.broker.topology import DEAD_LETTER_EXCHANGE, JOBS_EXCHANGE, dead_letter_queue_name
 from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs import fairness, transitions
@@ -31,7 +32,6 @@ from app.metrics.instruments import (
     STEP_DURATION,
     WORKER_BUSY,
 )
-from app.queues import DEAD_LETTER_EXCHANGE, JOBS_EXCHANGE, dead_letter_queue_name
 from app.storage import StorageUnavailable, image_key
 from app.storage.retry import put_with_retry
 from workers.encoding import encode_image
@@ -60,7 +60,6 @@ class Verdict(StrEnum):
 class Outcome:
     verdict: Verdict
     reason: str
-    generated: bool = False
 
 
 def execute_job(
@@ -408,7 +407,7 @@ def _finish_later(
             lease.close()
 
     rt.postprocessor.submit(work)
-    return Outcome(Verdict.ACK, "generated; encode, upload and record handed over", True)
+    return Outcome(Verdict.ACK, "generated; encode, upload and record handed over")
 
 
 def _dead_letter_copy(job: Job, reason: str) -> None:
@@ -474,7 +473,7 @@ def _succeeded(
     elapsed = time.perf_counter() - started
     if not recorded:
         log.warning("job %s finished but is no longer held; result not recorded", job.id)
-        return Outcome(Verdict.ACK, "finished but no longer held", generated=True)
+        return Outcome(Verdict.ACK, "finished but no longer held")
     JOBS_FINISHED.labels(job.model, "succeeded", "").inc()
     GENERATION_DURATION.labels(job.model, str(steps)).observe(generated - started)
     STEP_DURATION.labels(job.model).observe((generated - started) / max(1, steps))
@@ -487,7 +486,7 @@ def _succeeded(
         progress_writes,
         extra={"job_id": str(job.id)},
     )
-    return Outcome(Verdict.ACK, "succeeded", generated=True)
+    return Outcome(Verdict.ACK, "succeeded")
 
 
 def _stopped(rt: WorkerRuntime, job: Job, step: int) -> Outcome:
@@ -499,10 +498,10 @@ def _stopped(rt: WorkerRuntime, job: Job, step: int) -> Outcome:
             log.warning(
                 "job %s handed back at step %s: worker shutting down", job.id, step, extra=extra
             )
-            return Outcome(Verdict.REQUEUE, "handed back: worker shutting down", generated=True)
+            return Outcome(Verdict.REQUEUE, "handed back: worker shutting down")
     # Canceled, taken over by a redelivery, or reaped: the row already says which.
     log.info("job %s stopped at step %s: no longer held (canceled?)", job.id, step, extra=extra)
-    return Outcome(Verdict.ACK, "stopped: job no longer held", generated=True)
+    return Outcome(Verdict.ACK, "stopped: job no longer held")
 
 
 def _encode_and_upload(

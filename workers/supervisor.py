@@ -29,7 +29,7 @@ from workers import metrics as worker_metrics
 
 # sysexits EX_CONFIG: what `diffq worker` returns when a worker's models cannot load.
 EXIT_MODEL_LOAD = 78
-# tasks/worker_boot.py writes its reason here when no restart can cure it (same name there).
+# tasks/boot/common.py writes its reason here when no restart can cure it (same name there).
 FATAL_MARKER_ENV = "DIFFQ_WORKER_FATAL_FILE"
 
 log = logging.getLogger(__name__)

@@ -13,11 +13,11 @@ from datetime import UTC, datetime
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import func, select
 
+from app.broker.topology import dead_letter_queue_name
 from app.db.models import DailyUsage, Job, Tenant
 from app.db.session import Database
 from app.db.types import utcnow
 from app.jobs.states import JobStatus
-from app.queues import dead_letter_queue_name
 
 log = logging.getLogger(__name__)
 

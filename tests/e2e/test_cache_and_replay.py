@@ -8,7 +8,7 @@ import time
 import pytest
 import requests
 
-from tests.support.jobs import auth, submit, wait_terminal
+from testbed.jobs import auth, submit, wait_terminal
 
 pytestmark = pytest.mark.services
 
@@ -81,7 +81,7 @@ def test_a_repeated_seeded_request_is_served_from_the_cache(
 
 def test_a_result_removed_by_retention_is_not_served(api_server, worker, tenant_key, db):
     from app.config import load_settings
-    from app.retention import remove_expired_results
+    from app.housekeeping.retention import remove_expired_results
     from app.storage import open_storage
 
     body = {**BODY, "seed": 777}

@@ -8,9 +8,9 @@ import uuid
 import pytest
 import requests
 
-from tests.support.jobs import auth, submit, wait_terminal
-from tests.support.processes import start_worker
-from tests.support.services import queue_state
+from testbed.jobs import auth, submit, wait_terminal
+from testbed.processes import start_worker
+from testbed.services import queue_state
 
 pytestmark = pytest.mark.services
 
@@ -23,9 +23,9 @@ def _job_row(db, job_id):
 
 
 def _publisher(**celery_overrides):
+    from app.broker.publish import Publisher
     from app.catalog import load_catalog
     from app.config import load_settings
-    from app.publish import Publisher
     from tasks.celery_app import create_celery
 
     settings = load_settings()
@@ -80,8 +80,8 @@ def test_a_duplicate_message_for_a_succeeded_job_does_not_generate_again(
 def test_a_job_whose_publish_failed_is_published_by_the_relay(
     api_server, worker, tenant_key, stack, db
 ):
-    from app.publish import publish_and_mark
-    from app.relay import publish_unpublished
+    from app.broker.publish import publish_and_mark
+    from app.housekeeping.outbox import publish_unpublished
 
     job = submit(api_server.url, tenant_key, prompt="relayed", steps=2)
     wait_terminal(api_server.url, tenant_key, job["id"])

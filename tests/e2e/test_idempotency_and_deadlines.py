@@ -10,8 +10,8 @@ import pytest
 import requests
 from sqlalchemy import func, select
 
-from tests.support.jobs import auth, submit, wait_terminal
-from tests.support.processes import start_worker
+from testbed.jobs import auth, submit, wait_terminal
+from testbed.processes import start_worker
 
 pytestmark = pytest.mark.services
 
@@ -103,7 +103,7 @@ def test_a_job_past_its_deadline_is_canceled_when_delivered_and_never_runs(
 
 
 def test_the_relay_cancels_expired_jobs_even_with_no_worker(api_server, tenant_key, db):
-    from app.relay import cancel_expired
+    from app.housekeeping.deadlines import cancel_expired
 
     job = submit(api_server.url, tenant_key, prompt="orphan", model="tiny-b", cancel_after=1)
     fresh = submit(api_server.url, tenant_key, prompt="fresh", model="tiny-b", cancel_after=600)

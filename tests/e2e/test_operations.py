@@ -17,12 +17,12 @@ import uuid
 import pytest
 import requests
 
-from tests.support.faultproxy import FaultProxy
-from tests.support.jobs import submit, wait_terminal
-from tests.support.ports import free_port, wait_for_port
-from tests.support.private_rabbit import PrivateRabbitMQ
-from tests.support.processes import ApiServer, ManagedProcess, start_worker
-from tests.support.waiting import wait_until
+from testbed.faultproxy import FaultProxy
+from testbed.jobs import submit, wait_terminal
+from testbed.ports import free_port, wait_for_port
+from testbed.private_rabbit import PrivateRabbitMQ
+from testbed.processes import ApiServer, ManagedProcess, start_worker
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
 
@@ -51,8 +51,8 @@ class Ops:
 def ops(stack, tmp_path_factory):
     from kombu import Connection
 
-    from app.queues import declare_topology
-    from tests.support.stack import QUEUES
+    from app.broker.topology import declare_topology
+    from testbed.stack import QUEUES
 
     workdir = tmp_path_factory.mktemp("ops")
     rabbit = PrivateRabbitMQ(workdir / "rabbit", management=True)
@@ -76,7 +76,7 @@ def ops(stack, tmp_path_factory):
     worker = start_worker(worker_env, stack.logs, "worker-ops", models="tiny")
     flower = ManagedProcess(
         "flower",
-        [sys.executable, "-m", "app.cli", "flower", "--bind", f"127.0.0.1:{flower_port}"],
+        [sys.executable, "-m", "cli", "flower", "--bind", f"127.0.0.1:{flower_port}"],
         env,
         stack.logs,
     ).start()

@@ -8,9 +8,9 @@ from datetime import datetime
 import pytest
 import requests
 
-from tests.support.jobs import auth, submit, wait_terminal
-from tests.support.processes import start_worker
-from tests.support.waiting import wait_until
+from testbed.jobs import auth, submit, wait_terminal
+from testbed.processes import start_worker
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
 
@@ -86,10 +86,10 @@ def test_a_high_priority_job_starts_before_a_normal_backlog(api_server, worker, 
 
 
 def test_a_long_waiting_low_job_ages_up_past_newer_normal_jobs(api_server, tenant_key, stack, db):
+    from app.broker.publish import Publisher
     from app.catalog import load_catalog
     from app.config import load_settings
-    from app.publish import Publisher
-    from app.relay import promote_starving
+    from app.housekeeping.aging import promote_starving
 
     low = submit(api_server.url, tenant_key, prompt="patient", model="tiny-b", priority="low")
     wait_until(lambda: get(api_server, tenant_key, low["id"])["queue_position"] is not None)

@@ -7,7 +7,7 @@ import time
 import pytest
 import requests
 
-from tests.support.jobs import auth, submit, wait_terminal
+from testbed.jobs import auth, submit, wait_terminal
 
 pytestmark = pytest.mark.services
 
@@ -16,7 +16,7 @@ def test_images_past_retention_are_deleted_and_the_job_says_so(
     api_server, worker, tenant_key, db, stack
 ):
     from app.config import load_settings
-    from app.retention import remove_expired_results
+    from app.housekeeping.retention import remove_expired_results
     from app.storage import open_storage
 
     job = submit(api_server.url, tenant_key, prompt="retention", steps=2, num_images=2)

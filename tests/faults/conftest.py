@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from testbed.faultproxy import FaultProxy
+from testbed.private_postgres import PrivatePostgres
+from testbed.private_rabbit import PrivateRabbitMQ
+from testbed.processes import ApiServer, ManagedProcess, start_worker
+from testbed.receiver import Receiver
+from testbed.seaweed import SeaweedS3
+from testbed.stack import build_tiny_model
 from tests.faults.harness import REPORT, write_report
-from tests.support.faultproxy import FaultProxy
-from tests.support.private_postgres import PrivatePostgres
-from tests.support.private_rabbit import PrivateRabbitMQ
-from tests.support.processes import ApiServer, ManagedProcess, start_worker
-from tests.support.receiver import Receiver
-from tests.support.seaweed import SeaweedS3
-from tests.support.stack import build_tiny_model
 
 MODELS = """\
 default_model = "tiny"
@@ -129,7 +129,7 @@ class FaultStack:
     def start_relay(self) -> None:
         self.relay = ManagedProcess(
             "relay",
-            [sys.executable, "-m", "app.cli", "relay", "--interval", "0.5"],
+            [sys.executable, "-m", "cli", "relay", "--interval", "0.5"],
             self.env,
             self.logs,
         ).start()
@@ -140,7 +140,7 @@ class FaultStack:
             [
                 sys.executable,
                 "-m",
-                "app.cli",
+                "cli",
                 "webhooks",
                 "--concurrency",
                 "4",
@@ -168,9 +168,9 @@ class FaultStack:
 def fault_stack(tmp_path_factory) -> FaultStack:
     from kombu import Connection
 
+    from app.broker.topology import declare_topology
     from app.db.migrate import upgrade
     from app.db.session import Database
-    from app.queues import declare_topology
 
     workdir = tmp_path_factory.mktemp("faults")
     logs = workdir / "logs"

@@ -63,7 +63,7 @@ def test_f17_pool_child_killed_mid_batch(fault_stack):
 def test_f17b_a_job_canceled_mid_batch_leaves_it_and_the_others_finish(fault_stack):
     import requests
 
-    from tests.support.jobs import auth
+    from testbed.jobs import auth
 
     stack = fault_stack
     stack.ensure_workers()
@@ -75,7 +75,7 @@ def test_f17b_a_job_canceled_mid_batch_leaves_it_and_the_others_finish(fault_sta
         batches = [b for b in _batches(sc.rows()).values() if len(b) >= 2]
         return max(batches, key=len) if batches else None
 
-    from tests.support.waiting import wait_until
+    from testbed.waiting import wait_until
 
     batch = wait_until(a_batch, timeout=60, interval=0.05)
     victim, others = batch[0], batch[1:]

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.services
 
 @pytest.fixture
 def queue(stack):
-    from app.queues import dead_letter_queue_name, declare_topology
+    from app.broker.topology import dead_letter_queue_name, declare_topology
 
     name = f"gpu.batch-test-{uuid.uuid4().hex[:8]}"
     with Connection(stack.broker_url) as conn:
@@ -29,7 +29,7 @@ def queue(stack):
 
 
 def _send(app, queue: str, job_id: str) -> None:
-    from app.queues import work_queue
+    from app.broker.topology import work_queue
 
     payload = {"job_id": job_id}
     app.send_task(GENERATE_TASK, args=[payload], task_id=job_id, queue=work_queue(queue))

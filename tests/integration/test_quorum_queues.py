@@ -10,7 +10,7 @@ import pytest
 from amqp.exceptions import PreconditionFailed
 from kombu import Connection
 
-from app.queues import declare_topology, queue_type, work_queue
+from app.broker.topology import declare_topology, queue_type, work_queue
 
 pytestmark = pytest.mark.services
 

@@ -8,10 +8,10 @@ import uuid
 
 import pytest
 
-from app.cli import main
-from app.cli.serve import management_api_url
-from app.deadletter import DeadLetter, Selection
+from app.broker.deadletters import DeadLetter, Selection
 from app.logs import JobContextFilter, JsonFormatter, job_context
+from cli import main
+from cli.serve import management_api_url
 
 
 def _record(message: str, args=None) -> logging.LogRecord:

@@ -11,13 +11,13 @@ from flask_smorest import abort
 from sqlalchemy.exc import IntegrityError
 
 from app import usage
+from app.broker.publish import publish_and_mark
 from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs import cache, service
 from app.jobs.states import Priority
 from app.limits import may_admit, reserve_queued_slot
 from app.metrics.instruments import CACHE_HITS, JOBS_SUBMITTED
-from app.publish import publish_and_mark
 from app.web.auth import current_tenant
 from app.web.services import request_session, services
 

@@ -1,0 +1,128 @@
+"""The one place that puts a job's message on its queue."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from app.broker.topology import WEBHOOK_QUEUE, declare_topology
+from app.catalog import Catalog
+from app.db.models import Job
+from app.db.session import Database
+from app.jobs import service
+from app.jobs.payload import DELIVER_WEBHOOK_TASK, GENERATE_TASK, build_payload
+
+log = logging.getLogger(__name__)
+
+
+class Publisher:
+    """Publishes job messages with the Celery app it is given (the root's), or one of its
+    own (app/broker/celery.py) built on first use."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        embedded: bool,
+        timeout: float = 2.0,
+        celery_app=None,
+        pause_after_failure: float = 0.0,
+    ) -> None:
+        self.catalog = catalog
+        self.embedded = embedded
+        self.timeout = timeout
+        self._celery = celery_app
+        self._declared = False
+        # After a failed publish, skip trying for this long (the relay has the job): a
+        # broker outage must not add a connect timeout to every submit.
+        self.pause_after_failure = pause_after_failure
+        self._paused_until = 0.0
+
+    @property
+    def celery(self):
+        if self._celery is None:
+            from app.broker.celery import create_celery
+
+            self._celery = create_celery()
+        return self._celery
+
+    def _ensure_topology(self) -> None:
+        if self._declared or self.embedded:
+            return
+        with self.celery.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=self.timeout)
+            declare_topology(conn, [*self.catalog.queues, WEBHOOK_QUEUE])
+        self._declared = True
+
+    def publish_webhook(self, event_id) -> bool:
+        """Ask a delivery worker to attempt one webhook event; False if the broker did
+        not take it (the event stays due, and the relay hands it out again)."""
+        if time.monotonic() < self._paused_until:
+            return False
+        try:
+            self._ensure_topology()
+            self.celery.send_task(
+                DELIVER_WEBHOOK_TASK,
+                args=[str(event_id)],
+                queue=WEBHOOK_QUEUE,
+                timeout=self.timeout,
+                confirm_timeout=self.timeout,
+            )
+        except Exception as exc:  # noqa: BLE001
+            log.warning("webhook dispatch failed (%s: %s)", type(exc).__name__, exc)
+            self._declared = False
+            self._paused_until = time.monotonic() + self.pause_after_failure
+            return False
+        return True
+
+    def publish(self, job: Job) -> bool:
+        """Send the job's message and wait for the broker's confirm; False if it failed.
+
+        A False leaves the row unpublished for the relay: the job is durable either way.
+        """
+        if time.monotonic() < self._paused_until:
+            return False
+        spec = self.catalog.get(job.model)
+        soft, hard = (spec.soft_time_limit, spec.time_limit) if spec else (None, None)
+        try:
+            self._ensure_topology()
+            self.celery.send_task(
+                GENERATE_TASK,
+                args=[build_payload(job)],
+                task_id=str(job.id),
+                queue=job.queue,
+                priority=job.publish_priority,
+                soft_time_limit=soft,
+                time_limit=hard,
+                # Flower and logs show the job id, never the prompt.
+                argsrepr=f"job_id={job.id}",
+                kwargsrepr="{}",
+                timeout=self.timeout,
+                confirm_timeout=self.timeout,
+                retry=True,
+                retry_policy={
+                    "max_retries": 1,
+                    "interval_start": 0,
+                    "interval_step": 0.2,
+                    "interval_max": 0.5,
+                },
+            )
+        except Exception as exc:  # noqa: BLE001 - any broker failure: the relay retries
+            log.warning(
+                "publish of job %s failed (%s: %s); the relay will retry",
+                job.id,
+                type(exc).__name__,
+                exc,
+            )
+            self._declared = False
+            self._paused_until = time.monotonic() + self.pause_after_failure
+            return False
+        return True
+
+
+def publish_and_mark(db: Database, publisher: Publisher, job: Job) -> bool:
+    if not publisher.publish(job):
+        return False
+    with db.session() as session:
+        service.mark_published(session, job.id)
+    return True

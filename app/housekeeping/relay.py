@@ -1,0 +1,32 @@
+"""The relay's pass: every housekeeping step once, in an order where each sees the last's
+work (a job reaped here is republished by the outbox step of the same pass)."""
+
+from __future__ import annotations
+
+from app.broker.publish import Publisher
+from app.config import Settings
+from app.db.session import Database
+from app.housekeeping.admission import forget_windows, release_held
+from app.housekeeping.aging import promote_starving
+from app.housekeeping.deadlines import cancel_expired
+from app.housekeeping.leases import reap_lost_jobs
+from app.housekeeping.outbox import dispatch_webhooks, publish_unpublished
+from app.housekeeping.purge import purge_finished_jobs
+from app.housekeeping.retention import remove_expired_results
+from app.storage import Storage
+
+
+def relay_pass(
+    db: Database, publisher: Publisher, settings: Settings, storage: Storage | None = None
+) -> None:
+    reap_lost_jobs(db, max_attempts=settings.max_attempts)
+    release_held(db, publisher, cap=settings.max_running)
+    forget_windows(db)
+    if storage is not None:
+        remove_expired_results(db, storage, retention_seconds=settings.result_retention)
+    purge_finished_jobs(db, retention_seconds=settings.job_retention)
+    publish_unpublished(db, publisher, older_than_seconds=settings.relay_after)
+    cancel_expired(db)
+    promote_starving(db, publisher, aging_seconds=settings.priority_aging)
+    # A delivery worker that vanished holds its event for twice its timeout and a margin.
+    dispatch_webhooks(db, publisher, lease_seconds=settings.webhook_timeout * 2 + 30)

@@ -1,0 +1,149 @@
+"""A GPU worker: models checked in the main process, loaded in each pool child; warm
+shutdown with a grace, then the running job handed back; hard time limits recorded."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+
+from celery import signals
+from celery.exceptions import WorkerShutdown
+
+from tasks.boot.common import EXIT_MODEL_LOAD, declare, mark_fatal
+from tasks.celery_app import services
+
+log = logging.getLogger(__name__)
+# Sent by the main process to its pool children when a warm shutdown outlasts its grace.
+HAND_BACK_SIGNAL = signal.SIGUSR2
+
+_controller = None  # the WorkController, in the main process
+_queues: list[str] = []  # the queues consumed; pool children inherit it
+_runtime = None  # a pool child's WorkerRuntime
+
+
+def start(sender, queues: list[str]) -> None:
+    """worker_init, in the main process: check every served model's files, declare the
+    queues, import (never initialise CUDA) before forking, then hook the pool children."""
+    global _controller
+    from workers import metrics as worker_metrics
+    from workers.pipelines import ModelLoadError, check_model_dir, preimport_components
+    from workers.runtime import served_models
+
+    _controller = sender
+    catalog = services().catalog
+    names = served_models(catalog, queues)
+    if not names:
+        mark_fatal(f"no configured model uses the queues {queues}")
+        raise WorkerShutdown(f"no configured model uses the queues {queues}")
+    try:
+        for name in names:
+            check_model_dir(catalog.models[name])
+    except ModelLoadError as exc:
+        log.critical("worker cannot start: %s", exc)
+        mark_fatal(str(exc))
+        raise WorkerShutdown(str(exc)) from exc
+    declare(sender, queues)
+    _queues[:] = queues
+    os.environ["DIFFQ_WORKER_NAME"] = sender.hostname
+    # A pool child that replaces a dead one then starts in well under a second instead
+    # of re-importing torch.
+    import torch  # noqa: F401
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    for name in names:
+        preimport_components(catalog.models[name])
+    signals.worker_shutting_down.connect(hand_back_after_grace)
+    signals.worker_process_init.connect(load_models)
+    signals.worker_process_shutdown.connect(release)
+    worker_metrics.serve(services().settings)
+    log.info("worker serves models %s from queues %s", names, queues)
+
+
+def hand_back_after_grace(**_kwargs) -> None:
+    """Warm shutdown lets the running job finish; past DIFFQ_SHUTDOWN_GRACE seconds, the
+    pool children stop it at the next step and return it to the queue."""
+    grace = services().settings.shutdown_grace
+
+    def expire() -> None:
+        pool = getattr(getattr(_controller, "pool", None), "_pool", None)
+        for process in getattr(pool, "_pool", None) or []:
+            if process.pid and process.exitcode is None:
+                log.warning(
+                    "shutdown grace (%ss) over: handing back the job of pid %s", grace, process.pid
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, HAND_BACK_SIGNAL)
+
+    timer = threading.Timer(grace, expire)
+    timer.daemon = True
+    timer.start()
+
+
+def load_models(**_kwargs) -> None:
+    """worker_process_init, in each pool child: the pipeline lives here, never in the
+    forking parent. The child gets a root of its own (the parent's settings and catalog,
+    its own connections)."""
+    global _runtime
+    from app import services as root
+    from workers.runtime import build_runtime
+
+    parent = services()
+    child = root.install(parent.derive(db_pool_size=2 + parent.settings.postprocess_depth))
+    try:
+        _runtime = build_runtime(child, list(_queues))
+        signal.signal(HAND_BACK_SIGNAL, lambda *_: _runtime.request_hand_back())
+    except Exception:
+        # A pool child that raises here is restarted forever by the pool; instead stop
+        # the whole worker so the failure is seen (and a supervisor restarts it).
+        log.critical("model load failed; stopping the worker", exc_info=True)
+        mark_fatal(f"model load failed: {sys.exc_info()[1]}")
+        os.kill(os.getppid(), signal.SIGTERM)
+        sys.stderr.flush()
+        os._exit(EXIT_MODEL_LOAD)
+
+
+def release(**_kwargs) -> None:
+    if _runtime is not None:
+        if _runtime.postprocessor is not None:
+            # Jobs already acked are recorded before the process goes (or, past this, the
+            # relay requeues them when their leases expire).
+            _runtime.postprocessor.close(timeout=_runtime.settings.shutdown_grace)
+        _runtime.db.dispose()
+
+
+def record_hard_timeout(payload, exc) -> None:
+    """In the main process: mark a job whose pool child was killed by the hard time
+    limit as failed/timeout."""
+    from app.db.models import Job
+    from app.jobs import transitions
+    from app.jobs.payload import InvalidPayload, parse_payload
+    from app.jobs.states import ErrorCode
+
+    try:
+        job_id = parse_payload(payload).job_id
+    except InvalidPayload:
+        return
+    with services().db.session() as session:
+        failed = transitions.finish_failed(
+            session,
+            job_id,
+            code=ErrorCode.TIMEOUT,
+            message=f"the job exceeded its hard time limit ({exc}) and was stopped",
+        )
+        job = session.get(Job, job_id) if failed else None
+    if job is not None:
+        from app.metrics.instruments import JOBS_FINISHED
+
+        JOBS_FINISHED.labels(job.model, "failed", ErrorCode.TIMEOUT.value).inc()
+    log.error("job %s stopped by the hard time limit", job_id, extra={"job_id": str(job_id)})
+
+
+def runtime():
+    if _runtime is None:
+        raise RuntimeError("worker runtime not initialised (worker_process_init did not run)")
+    return _runtime

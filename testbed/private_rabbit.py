@@ -1,0 +1,124 @@
+"""A private RabbitMQ node on its own ports, to stop, kill and restart in fault tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from testbed.ports import free_port, wait_for_port
+
+RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
+
+
+def _tool(name: str) -> str:
+    path = RABBIT_BIN / name
+    if path.exists():
+        return str(path)
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"{name} not found: install rabbitmq-server (scripts/services does)")
+    return found
+
+
+class PrivateRabbitMQ:
+    def __init__(self, workdir: Path, *, management: bool = False) -> None:
+        self.workdir = workdir
+        self.node = f"diffqf{uuid.uuid4().hex[:6]}@localhost"
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.url = f"amqp://guest:guest@127.0.0.1:{self.port}//"
+        self.pid_file = workdir / "rabbit.pid"
+        workdir.mkdir(parents=True, exist_ok=True)
+        config = f"listeners.tcp.default = 127.0.0.1:{self.port}\nloopback_users.guest = true\n"
+        self.management_port = free_port() if management else None
+        if management:
+            (workdir / "enabled_plugins").write_text("[rabbitmq_management].\n")
+            config += f"management.tcp.port = {self.management_port}\n"
+            config += "management.tcp.ip = 127.0.0.1\n"
+            self.management_url = f"http://guest:guest@127.0.0.1:{self.management_port}/api/"
+        else:
+            (workdir / "enabled_plugins").write_text("[].\n")
+        (workdir / "rabbitmq.conf").write_text(config)
+        self.env = {
+            **os.environ,
+            "HOME": os.environ.get("HOME", "/root"),
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(workdir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(workdir / "log"),
+            "RABBITMQ_PID_FILE": str(self.pid_file),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(workdir / "enabled_plugins"),
+            "RABBITMQ_CONFIG_FILE": str(workdir / "rabbitmq"),
+        }
+
+    def _ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [_tool("rabbitmqctl"), "-n", self.node, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def start(self, timeout: float = 60.0) -> float:
+        """Start (or restart) the node; returns the seconds until it accepted connections."""
+        started = time.monotonic()
+        subprocess.run(
+            [_tool("rabbitmq-server"), "-detached"],
+            env=self.env,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        wait_for_port(self.port, timeout=timeout)
+        if self.management_port:
+            wait_for_port(self.management_port, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while self._ctl("await_startup", timeout=timeout).returncode != 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"RabbitMQ node {self.node} did not start")
+            time.sleep(0.5)
+        return time.monotonic() - started
+
+    def pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def stop(self) -> None:
+        """A clean stop (what a restart for maintenance does)."""
+        self._ctl("stop")
+        self._wait_gone()
+
+    def kill(self) -> None:
+        """SIGKILL the node: a crash."""
+        pid = self.pid()
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._wait_gone()
+
+    def _wait_gone(self, timeout: float = 30.0) -> None:
+        pid = self.pid()
+        deadline = time.monotonic() + timeout
+        while pid and Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def create_vhost(self, name: str) -> str:
+        self._ctl("add_vhost", name).check_returncode()
+        self._ctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*").check_returncode()
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/{name}"
+
+    def close(self) -> None:
+        self.stop()
+        if self.pid() and Path(f"/proc/{self.pid()}").exists():
+            self.kill()

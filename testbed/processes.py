@@ -1,0 +1,152 @@
+"""Real diffq processes (API, workers) started for tests, with their logs kept for asserts."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from testbed.ports import free_port
+
+
+class ManagedProcess:
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.args = args
+        self.env = env
+        self.log_path = log_dir / f"{name}.log"
+        self.process: subprocess.Popen | None = None
+        self._log_offset = 0
+
+    def start(self) -> ManagedProcess:
+        # A restarted process appends to the same file; this process's log starts here.
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            self.args,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def log(self) -> str:
+        """What this process (not an earlier one under the same name) has logged."""
+        if not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as fh:
+            fh.seek(self._log_offset)
+            return fh.read().decode(errors="replace")
+
+    def count(self, pattern: str) -> int:
+        return len(re.findall(pattern, self.log()))
+
+    def wait_for_log(self, pattern: str, timeout: float = 60.0, count: int = 1) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.count(pattern) >= count:
+                return
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.process.returncode} before logging "
+                    f"{pattern!r}:\n{self.log()[-3000:]}"
+                )
+            time.sleep(0.1)
+        raise TimeoutError(
+            f"{self.name} did not log {pattern!r} in {timeout}s:\n{self.log()[-3000:]}"
+        )
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, sig)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        return self.process.returncode
+
+
+def start_worker(
+    env: dict[str, str], log_dir: Path, name: str, models: str | None = None, wait: bool = True
+) -> ManagedProcess:
+    args = [
+        sys.executable,
+        "-m",
+        "cli",
+        "worker",
+        "--gpus",
+        "none",
+        "--loglevel",
+        "info",
+        "--name",
+        name,
+    ]
+    if models:
+        args += ["--models", models]
+    worker = ManagedProcess(name, args, env, log_dir).start()
+    if wait:
+        try:
+            worker.wait_for_log(r"warmed up in", timeout=120)
+            worker.wait_for_log(r"ready\.", timeout=60)
+        except Exception:
+            worker.stop()
+            raise
+    return worker
+
+
+class ApiServer(ManagedProcess):
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_dir: Path,
+        name: str = "api",
+        workers: int = 1,
+        threads: int = 8,
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = [
+            sys.executable,
+            "-m",
+            "cli",
+            "api",
+            "--bind",
+            f"127.0.0.1:{self.port}",
+            "--workers",
+            str(workers),
+            "--threads",
+            str(threads),
+        ]
+        super().__init__(name, args, env, log_dir)
+
+    def start(self, timeout: float = 30.0) -> ApiServer:
+        super().start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            if self.process.poll() is not None:
+                raise RuntimeError(f"api exited:\n{self.log()[-3000:]}")
+            time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"api not up after {timeout}s:\n{self.log()[-3000:]}")

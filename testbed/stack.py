@@ -1,0 +1,136 @@
+"""A private diffq stack on the real services: database, vhost, S3 server, tiny models.
+
+Used by the test session (tests/conftest.py) and by the benchmarks in bench/.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kombu import Connection
+
+from testbed import services
+from testbed.seaweed import SeaweedS3
+
+MODELS_TOML = """\
+default_model = "tiny"
+
+[models.tiny]
+path = "{tiny}"
+queue = "gpu.tiny"
+dtype = "float32"
+max_width = 256
+max_height = 256
+max_pixels = 49152
+default_width = 64
+default_height = 64
+max_steps = 500
+default_steps = 4
+max_num_images = 3
+max_prompt_chars = 300
+soft_time_limit = 60
+time_limit = 90
+
+[models.tiny-b]
+path = "{tiny}"
+queue = "gpu.tiny-b"
+dtype = "float32"
+max_width = 128
+max_height = 128
+max_pixels = 8192
+default_width = 64
+default_height = 64
+max_steps = 10
+default_steps = 2
+max_num_images = 2
+max_guidance = 12.0
+schedulers = ["default", "euler"]
+soft_time_limit = 60
+time_limit = 90
+"""
+
+QUEUES = ["gpu.tiny", "gpu.tiny-b"]
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    workdir: Path
+    logs: Path
+    database_url: str
+    broker_url: str
+    bucket: str
+    s3: SeaweedS3
+    tiny_model: Path
+    _cleanup: list = field(default_factory=list)
+
+    def close(self) -> None:
+        for step in reversed(self._cleanup):
+            step()
+
+
+def build_tiny_model(path: Path) -> Path:
+    subprocess.run(
+        [sys.executable, "-m", "cli", "model", "build-tiny", str(path)],
+        check=True,
+        capture_output=True,
+    )
+    return path
+
+
+def start_stack(workdir: Path, extra_env: dict[str, str] | None = None) -> Stack:
+    """Everything a diffq process needs, private to this run; `close()` removes it all."""
+    run = uuid.uuid4().hex[:10]
+    logs = workdir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    tiny = build_tiny_model(workdir / "models" / "tiny")
+    models_file = workdir / "models.toml"
+    models_file.write_text(MODELS_TOML.format(tiny=tiny))
+    cleanup: list = []
+    try:
+        db_name = f"diffq_test_{run}"
+        database_url = services.create_database(db_name)
+        cleanup.append(lambda: services.drop_database(db_name))
+        vhost = f"diffq-test-{run}"
+        broker_url = services.create_vhost(vhost)
+        cleanup.append(lambda: services.delete_vhost(vhost))
+        s3 = SeaweedS3(workdir / "s3").start()
+        cleanup.append(s3.stop)
+        bucket = f"diffq-test-{run}"
+        s3.client().create_bucket(Bucket=bucket)
+
+        from app.broker.topology import declare_topology
+        from app.db.migrate import upgrade
+
+        upgrade(database_url)
+        with Connection(broker_url) as conn:
+            declare_topology(conn, QUEUES)
+    except BaseException:
+        for step in reversed(cleanup):
+            step()
+        raise
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("DIFFQ_")},
+        # One torch thread per process: the suite runs several model processes on few
+        # cores, where OpenMP threads spinning against each other cost 10-30x.
+        "OMP_NUM_THREADS": "1",
+        "DIFFQ_HOME": str(workdir / "home"),
+        "DIFFQ_DATABASE_URL": database_url,
+        "DIFFQ_BROKER_URL": broker_url,
+        "DIFFQ_MODELS_FILE": str(models_file),
+        "DIFFQ_PROGRESS_INTERVAL": "0.05",
+        "DIFFQ_UPLOAD_BACKOFF": "0.1",
+        "DIFFQ_UPLOAD_BACKOFF_MAX": "0.5",
+        "DIFFQ_LOG_LEVEL": "INFO",
+        "DIFFQ_SSE_KEEPALIVE": "1",
+        "DIFFQ_WORKER_METRICS_PORT": "0",  # tests that read worker metrics pick a port
+        "DIFFQ_RATE_LIMIT": "0",  # tests poll hard; test_limits.py sets its own
+        **s3.env(bucket),
+        **(extra_env or {}),
+    }
+    return Stack(env, workdir, logs, database_url, broker_url, bucket, s3, tiny, cleanup)
