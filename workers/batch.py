@@ -111,7 +111,9 @@ def collect(
     """Up to max_batch - 1 claimed jobs, each with its own message; others go back."""
     claimed: list[tuple[Permit, Job]] = []
     passed: list[Permit] = []
-    ends = time.monotonic() + max_wait
+    # The claimed jobs' leases are renewed only once the batch runs: gathering must end
+    # well inside one lease.
+    ends = time.monotonic() + min(max_wait, rt.settings.lease_seconds / 3)
     # One call must fit where one job must: its images together within max_pixels_per_job.
     budget = rt.models[leader.model].spec.max_pixels_per_job if leader.model in rt.models else None
     used = _pixels(leader)
