@@ -80,6 +80,7 @@ class Services:
             timeout=self.settings.publish_timeout,
             celery_app=self.celery,
             pause_after_failure=self._publish_pause,
+            queue_type=self.settings.queue_type,
         )
 
     def opened(self, name: str) -> bool:
