@@ -110,6 +110,14 @@ def root(**options) -> Services:
     return _root
 
 
+def reset() -> None:
+    """Close and forget this process's root (a CLI run in a process that outlives it)."""
+    global _root
+    if _root is not None:
+        _root.close()
+    _root = None
+
+
 def install(services: Services) -> Services:
     """Make `services` this process's root (a forked child, a test)."""
     global _root
