@@ -7,6 +7,9 @@ process holds only what it touches (the relay never loads a model; `diffq keys` 
 opens the store). The Celery app is passed in by a process that has one (a worker's,
 from tasks/), or built here for publishing (app/broker/celery.py): app/ never imports
 tasks/ or workers/.
+
+Importing the root also subscribes the listeners every process that changes jobs needs:
+webhook events are written in the transaction of each change (app/jobs/changes.py).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from app.catalog import Catalog, load_catalog
 from app.config import Settings, load_settings
 from app.db.session import Database
 from app.storage import Storage, open_storage
+from app.webhooks import events as _webhook_events  # noqa: F401 - subscribes to job changes
 
 
 class resource(cached_property):

@@ -24,10 +24,10 @@ import requests
 from kombu import Connection
 from sqlalchemy import select
 
-from tests.support.jobs import auth
-from tests.support.private_rabbit import PrivateRabbitMQ
-from tests.support.processes import ApiServer, ManagedProcess, start_worker
-from tests.support.stack import start_stack
+from testbed.jobs import auth
+from testbed.private_rabbit import PrivateRabbitMQ
+from testbed.processes import ApiServer, ManagedProcess, start_worker
+from testbed.stack import start_stack
 
 QUEUE = "gpu.tiny"
 

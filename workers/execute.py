@@ -61,10 +61,18 @@ class Verdict(StrEnum):
 class Outcome:
     verdict: Verdict
     reason: str
-    generated: bool = False
 
 
-def execute_job(rt: WorkerRuntime, raw_payload: Any, *, redelivered: bool) -> Outcome:
+def execute_job(
+    rt: WorkerRuntime,
+    raw_payload: Any,
+    *,
+    redelivered: bool,
+    open_permits: Callable[[str], Any] | None = None,
+) -> Outcome:
+    """Run the job this message starts. `open_permits(queue)` (a workers.batch.PermitSource
+    factory), where given, lets a batching model's job take further compatible messages
+    of its queue into one pipeline call (docs/batching.md)."""
     try:
         payload = parse_payload(raw_payload)
     except InvalidPayload as exc:
@@ -105,6 +113,12 @@ def execute_job(rt: WorkerRuntime, raw_payload: Any, *, redelivered: bool) -> Ou
         else "",
         extra=log_extra,
     )
+    model = rt.models.get(claim.job.model)
+    if open_permits is not None and model is not None and batchable(model.spec, claim.job):
+        from workers.batch import execute_batch
+
+        with job_context(**log_extra):
+            return execute_batch(rt, claim.job, model, open_permits)
     rt.start_job(claim.job.id)
     held_since = time.perf_counter()
     try:
@@ -113,6 +127,11 @@ def execute_job(rt: WorkerRuntime, raw_payload: Any, *, redelivered: bool) -> Ou
     finally:
         rt.end_job()
         WORKER_BUSY.labels(rt.name).inc(time.perf_counter() - held_since)
+
+
+def batchable(spec: Any, job: Job) -> bool:
+    """Whether this job may gather others into a batch (its model batches at its size)."""
+    return spec.batches(int(job.input["width"]), int(job.input["height"]))
 
 
 def _claim(
@@ -271,31 +290,16 @@ def _generate_and_store(
         pipeline_started = time.perf_counter()
         output = generate(model.pipeline, params, device=model.device, on_step=reporter.step)
         generated = time.perf_counter()
-        outcome = {
-            "charge": usage.Charge(
-                generated - pipeline_started, device_name(model.device), len(output.images)
-            ),
-            "manifest": job_manifest(
-                model.manifest or {},
-                job_scheduler(model.pipeline, params.get("scheduler", "default")),
-                int(params["seed"]),
-            ),
-            # The cache key from the weights this worker ran, not the ones the API assumed.
-            "cache_key": cache_key(model.digest, params)
-            if job.cache_key and model.digest
-            else None,
-        }
-        if all(output.nsfw):
-            return _fail(
-                rt,
-                job,
-                ErrorCode.CONTENT_FILTERED,
-                "the model's safety checker blacked out every image",
-            )
-        if rt.postprocessor is None:
-            reporter.stage("uploading", steps, steps)
-            return _finish(rt, job, output, outcome, (started, generated, reporter.writes))
-        return _finish_later(rt, job, output, outcome, (started, generated), reporter, renew)
+        return _store(
+            rt,
+            job,
+            model,
+            output,
+            reporter,
+            renew,
+            (started, generated),
+            generated - pipeline_started,
+        )
     except Interrupted:
         return _stopped(rt, job, reporter.last_step)
     except SoftTimeLimitExceeded:
@@ -312,6 +316,45 @@ def _generate_and_store(
     # never retried with the same parameters.
     _free_accelerator_memory()
     return _fail(rt, job, ErrorCode.GPU_OOM, "out of memory; retry with a smaller size or batch")
+
+
+def _store(
+    rt: WorkerRuntime,
+    job: Job,
+    model: LoadedModel,
+    output: Generation,
+    reporter: ProgressReporter,
+    renew: Callable[[], bool],
+    timing: tuple[float, float],
+    gpu_seconds: float,
+) -> Outcome:
+    """Record a generated job: encode, upload and record it inline or hand it over.
+
+    `gpu_seconds` is the job's share of the pipeline call (all of it, unless batched).
+    """
+    params = job.input
+    steps = int(params["steps"])
+    outcome = {
+        "charge": usage.Charge(gpu_seconds, device_name(model.device), len(output.images)),
+        "manifest": job_manifest(
+            model.manifest or {},
+            job_scheduler(model.pipeline, params.get("scheduler", "default")),
+            int(params["seed"]),
+        ),
+        # The cache key from the weights this worker ran, not the ones the API assumed.
+        "cache_key": cache_key(model.digest, params) if job.cache_key and model.digest else None,
+    }
+    if all(output.nsfw):
+        return _fail(
+            rt,
+            job,
+            ErrorCode.CONTENT_FILTERED,
+            "the model's safety checker blacked out every image",
+        )
+    if rt.postprocessor is None:
+        reporter.stage("uploading", steps, steps)
+        return _finish(rt, job, output, outcome, (*timing, reporter.writes))
+    return _finish_later(rt, job, output, outcome, timing, reporter, renew)
 
 
 def _finish(
@@ -367,7 +410,7 @@ def _finish_later(
             lease.close()
 
     rt.postprocessor.submit(work)
-    return Outcome(Verdict.ACK, "generated; encode, upload and record handed over", True)
+    return Outcome(Verdict.ACK, "generated; encode, upload and record handed over")
 
 
 def _dead_letter_copy(job: Job, reason: str) -> None:
@@ -433,7 +476,7 @@ def _succeeded(
     elapsed = time.perf_counter() - started
     if not recorded:
         log.warning("job %s finished but is no longer held; result not recorded", job.id)
-        return Outcome(Verdict.ACK, "finished but no longer held", generated=True)
+        return Outcome(Verdict.ACK, "finished but no longer held")
     JOBS_FINISHED.labels(job.model, "succeeded", "").inc()
     GENERATION_DURATION.labels(job.model, str(steps)).observe(generated - started)
     STEP_DURATION.labels(job.model).observe((generated - started) / max(1, steps))
@@ -446,7 +489,7 @@ def _succeeded(
         progress_writes,
         extra={"job_id": str(job.id)},
     )
-    return Outcome(Verdict.ACK, "succeeded", generated=True)
+    return Outcome(Verdict.ACK, "succeeded")
 
 
 def _stopped(rt: WorkerRuntime, job: Job, step: int) -> Outcome:
@@ -458,10 +501,10 @@ def _stopped(rt: WorkerRuntime, job: Job, step: int) -> Outcome:
             log.warning(
                 "job %s handed back at step %s: worker shutting down", job.id, step, extra=extra
             )
-            return Outcome(Verdict.REQUEUE, "handed back: worker shutting down", generated=True)
+            return Outcome(Verdict.REQUEUE, "handed back: worker shutting down")
     # Canceled, taken over by a redelivery, or reaped: the row already says which.
     log.info("job %s stopped at step %s: no longer held (canceled?)", job.id, step, extra=extra)
-    return Outcome(Verdict.ACK, "stopped: job no longer held", generated=True)
+    return Outcome(Verdict.ACK, "stopped: job no longer held")
 
 
 def _encode_and_upload(

@@ -42,6 +42,9 @@ class WorkerRuntime:
     hand_back_requested: threading.Event = field(default_factory=threading.Event)
     # Encodes, uploads and records finished jobs while the GPU runs the next (None: inline).
     postprocessor: PostProcessor | None = None
+    # The jobs of a running batch (workers/batch.py), each with its own stop flag: a cancel
+    # takes that job out of the batch at the next step, the others go on.
+    batch_stops: dict[uuid.UUID, threading.Event] = field(default_factory=dict)
 
     def start_job(self, job_id: uuid.UUID) -> None:
         self.current_job = job_id
@@ -56,11 +59,16 @@ class WorkerRuntime:
     def on_cancel(self, _channel: str | None, payload: str | None) -> None:
         if payload is not None and payload == str(self.current_job):
             self.stop_requested.set()
+        for job_id, stop in list(self.batch_stops.items()):
+            if payload == str(job_id):
+                stop.set()
 
     def request_hand_back(self) -> None:
         """Stop the current job at its next step and return it to the queue."""
         self.hand_back_requested.set()
         self.stop_requested.set()
+        for stop in list(self.batch_stops.values()):
+            stop.set()
 
 
 def served_models(catalog: Catalog, queues: list[str]) -> list[str]:

@@ -15,8 +15,8 @@ import requests
 from PIL import Image
 
 from app.catalog import tiny_spec
-from tests.support.jobs import auth, submit, wait_terminal
-from tests.support.ports import free_port
+from testbed.jobs import auth, submit, wait_terminal
+from testbed.ports import free_port
 
 
 def _clean_env(home) -> dict[str, str]:

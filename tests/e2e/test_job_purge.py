@@ -10,9 +10,9 @@ import pytest
 import requests
 from sqlalchemy import func, select
 
-from tests.support.jobs import auth, submit, wait_terminal
-from tests.support.processes import ManagedProcess
-from tests.support.waiting import wait_until
+from testbed.jobs import auth, submit, wait_terminal
+from testbed.processes import ManagedProcess
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
 

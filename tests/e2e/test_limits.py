@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from tests.support.jobs import auth
-from tests.support.processes import ApiServer, ManagedProcess
-from tests.support.waiting import wait_until
+from testbed.jobs import auth
+from testbed.processes import ApiServer, ManagedProcess
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
 

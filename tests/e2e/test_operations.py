@@ -17,12 +17,12 @@ import uuid
 import pytest
 import requests
 
-from tests.support.faultproxy import FaultProxy
-from tests.support.jobs import submit, wait_terminal
-from tests.support.ports import free_port, wait_for_port
-from tests.support.private_rabbit import PrivateRabbitMQ
-from tests.support.processes import ApiServer, ManagedProcess, start_worker
-from tests.support.waiting import wait_until
+from testbed.faultproxy import FaultProxy
+from testbed.jobs import submit, wait_terminal
+from testbed.ports import free_port, wait_for_port
+from testbed.private_rabbit import PrivateRabbitMQ
+from testbed.processes import ApiServer, ManagedProcess, start_worker
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
 
@@ -52,7 +52,7 @@ def ops(stack, tmp_path_factory):
     from kombu import Connection
 
     from app.broker.topology import declare_topology
-    from tests.support.stack import QUEUES
+    from testbed.stack import QUEUES
 
     workdir = tmp_path_factory.mktemp("ops")
     rabbit = PrivateRabbitMQ(workdir / "rabbit", management=True)

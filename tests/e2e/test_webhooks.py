@@ -16,11 +16,11 @@ import pytest
 import requests
 from standardwebhooks.webhooks import Webhook
 
-from tests.support.jobs import auth, submit, wait_terminal
-from tests.support.ports import free_port
-from tests.support.processes import ApiServer, ManagedProcess
-from tests.support.receiver import Answer, Receiver
-from tests.support.waiting import wait_until
+from testbed.jobs import auth, submit, wait_terminal
+from testbed.ports import free_port
+from testbed.processes import ApiServer, ManagedProcess
+from testbed.receiver import Answer, Receiver
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
 

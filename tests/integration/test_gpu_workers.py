@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobs import submit, wait_terminal
-from tests.support.processes import ManagedProcess
-from tests.support.waiting import wait_until
+from testbed.jobs import submit, wait_terminal
+from testbed.processes import ManagedProcess
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
 

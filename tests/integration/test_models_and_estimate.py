@@ -10,7 +10,7 @@ import pytest
 from app.db.types import utcnow
 from app.jobs.estimate import estimate, work
 from app.jobs.states import JobStatus, Priority
-from tests.support.jobs import auth
+from testbed.jobs import auth
 
 pytestmark = pytest.mark.services
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.waiting import wait_until
+from testbed.waiting import wait_until
 from workers.devices import NoGpus, parse_gpus
 
 REPO = Path(__file__).resolve().parents[2]

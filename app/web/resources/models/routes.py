@@ -7,8 +7,8 @@ from flask_smorest import Blueprint, abort
 
 from app.catalog import ModelSpec
 from app.jobs.estimate import estimate
+from app.rules import model_limit_errors
 from app.web.auth import require_api_key
-from app.web.resources.jobs.schemas import model_limit_errors
 from app.web.resources.models.schemas import (
     LIMIT_FIELDS,
     EstimateQuerySchema,

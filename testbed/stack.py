@@ -14,8 +14,8 @@ from pathlib import Path
 
 from kombu import Connection
 
-from tests.support import services
-from tests.support.seaweed import SeaweedS3
+from testbed import services
+from testbed.seaweed import SeaweedS3
 
 MODELS_TOML = """\
 default_model = "tiny"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.support.ports import free_port
+from testbed.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

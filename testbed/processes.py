@@ -13,7 +13,7 @@ from pathlib import Path
 
 import requests
 
-from tests.support.ports import free_port
+from testbed.ports import free_port
 
 
 class ManagedProcess:
