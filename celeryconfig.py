@@ -26,7 +26,9 @@ def from_services(services) -> dict:
         "broker_transport_options": transport,
         "broker_connection_timeout": settings.publish_timeout,  # a submit waits about this
         # One durable queue per model pool, each with its dead-letter queue.
-        "task_queues": [work_queue(name) for name in [*catalog.queues, WEBHOOK_QUEUE]],
+        "task_queues": [
+            work_queue(name, settings.queue_type) for name in [*catalog.queues, WEBHOOK_QUEUE]
+        ],
         "task_default_queue": catalog.get(None).queue,
     }
 

@@ -84,6 +84,7 @@ class Services:
             timeout=self.settings.publish_timeout,
             celery_app=self.celery,
             pause_after_failure=self._publish_pause,
+            queue_type=self.settings.queue_type,
         )
 
     def opened(self, name: str) -> bool:
@@ -111,6 +112,14 @@ def root(**options) -> Services:
     if _root is None:
         _root = Services(load_settings(), **options)
     return _root
+
+
+def reset() -> None:
+    """Close and forget this process's root (a CLI run in a process that outlives it)."""
+    global _root
+    if _root is not None:
+        _root.close()
+    _root = None
 
 
 def install(services: Services) -> Services:

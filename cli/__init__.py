@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from app import logs
+from app import logs, services
 from cli import admin, client, operators, serve, up
 
 
@@ -56,4 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, FileExistsError, client.ApiError) as exc:
         print(f"diffq: {exc}", file=sys.stderr)
         return 2
+    finally:
+        services.reset()  # the command's root: its settings and connections end with it
     return result if isinstance(result, int) else 0

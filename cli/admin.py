@@ -35,9 +35,12 @@ def _tenant_options(command):
     )(command)
 
 
-def _apply_tenant_options(tenant, weight, daily_gpu_seconds, no_quota) -> None:
+def _check_quota(daily_gpu_seconds, no_quota) -> None:
     if daily_gpu_seconds is not None and no_quota:
         raise click.UsageError("--daily-gpu-seconds and --no-quota exclude each other")
+
+
+def _apply_tenant_options(tenant, weight, daily_gpu_seconds, no_quota) -> None:
     if weight is not None:
         tenant.weight = weight
     if daily_gpu_seconds is not None:
@@ -85,6 +88,7 @@ def keys_create(tenant, label, weight, daily_gpu_seconds, no_quota) -> int:
     """Create a key (printed once, stored hashed)."""
     from app.keys import create_key, get_or_create_tenant
 
+    _check_quota(daily_gpu_seconds, no_quota)
     with _db().session() as session:
         row = get_or_create_tenant(session, tenant)
         _apply_tenant_options(row, weight, daily_gpu_seconds, no_quota)
@@ -151,6 +155,7 @@ def tenants_show(tenant) -> int:
 @_tenant_options
 def tenants_set(tenant, weight, daily_gpu_seconds, no_quota) -> int:
     """Change a tenant's weight or quota."""
+    _check_quota(daily_gpu_seconds, no_quota)
     with _db().session() as session:
         _apply_tenant_options(_tenant(session, tenant), weight, daily_gpu_seconds, no_quota)
     return tenants_show.callback(tenant)

@@ -117,6 +117,7 @@ def worker(gpus: str, models: str | None, queues: str | None, name: str | None, 
         name=name,
         # Past the shutdown grace, jobs are handed back; give that a minute to finish.
         grace=svc.settings.shutdown_grace + 60,
+        settings=svc.settings,
     )
 
 

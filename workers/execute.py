@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
+from tenacity import Retrying, retry_if_exception_type, stop_before_delay, wait_exponential
 
 from app import usage
 from app.broker.topology import DEAD_LETTER_EXCHANGE, JOBS_EXCHANGE, dead_letter_queue_name
@@ -201,18 +202,20 @@ def _record(rt: WorkerRuntime, write: Callable[[Session], T]) -> T:
     restarted would waste a GPU run. If the database stays away, the error propagates and
     the task hands the message back rather than ack an unrecorded outcome.
     """
-    deadline = time.monotonic() + rt.settings.db_retry_seconds
-    delay = 0.5
-    while True:
-        try:
-            with rt.db.session() as session:
-                return write(session)
-        except OperationalError as exc:
-            if time.monotonic() + delay > deadline:
-                raise
-            log.warning("database unavailable (%s); retrying in %.1fs", type(exc).__name__, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    for attempt in Retrying(
+        retry=retry_if_exception_type(OperationalError),
+        wait=wait_exponential(multiplier=0.5, max=5.0),  # 0.5 s, 1, 2, 4, then 5 s apart
+        stop=stop_before_delay(rt.settings.db_retry_seconds),  # no sleep past the deadline
+        before_sleep=lambda state: log.warning(
+            "database unavailable (%s); retrying in %.1fs",
+            type(state.outcome.exception()).__name__,
+            state.upcoming_sleep,
+        ),
+        reraise=True,
+    ):
+        with attempt, rt.db.session() as session:
+            return write(session)
+    raise AssertionError("not reached: the last attempt returns or raises")
 
 
 def _fail(rt: WorkerRuntime, job: Job, code: ErrorCode, message: str) -> Outcome:

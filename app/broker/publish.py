@@ -27,11 +27,13 @@ class Publisher:
         timeout: float = 2.0,
         celery_app=None,
         pause_after_failure: float = 0.0,
+        queue_type: str | None = None,
     ) -> None:
         self.catalog = catalog
         self.embedded = embedded
         self.timeout = timeout
         self._celery = celery_app
+        self.queue_type = queue_type  # None: read from the environment when declaring
         self._declared = False
         # After a failed publish, skip trying for this long (the relay has the job): a
         # broker outage must not add a connect timeout to every submit.
@@ -51,7 +53,7 @@ class Publisher:
             return
         with self.celery.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=self.timeout)
-            declare_topology(conn, [*self.catalog.queues, WEBHOOK_QUEUE])
+            declare_topology(conn, [*self.catalog.queues, WEBHOOK_QUEUE], self.queue_type)
         self._declared = True
 
     def publish_webhook(self, event_id) -> bool:

@@ -27,9 +27,10 @@ def mark_fatal(reason: str) -> None:
 
 def declare(sender, queues: list[str]) -> None:
     """Declare the consumed queues (and their DLQs) before consuming; none when embedded."""
-    if not services().settings.embedded:
+    settings = services().settings
+    if not settings.embedded:
         with sender.app.connection_for_write() as conn:
-            declare_topology(conn, queues)
+            declare_topology(conn, queues, settings.queue_type)
 
 
 @signals.after_setup_logger.connect

@@ -6,6 +6,7 @@ import logging
 
 from celery.exceptions import WorkerShutdown
 
+from app import services as root
 from app.broker.topology import WEBHOOK_QUEUE
 from tasks.boot.common import declare
 from tasks.celery_app import services
@@ -19,5 +20,8 @@ def start(sender, queues: list[str]) -> None:
     if queues != [WEBHOOK_QUEUE]:
         raise WorkerShutdown("webhooks are delivered by their own workers (`diffq webhooks`)")
     declare(sender, queues)
+    # Its delivery threads share the root's database pool: pool plus overflow (as many
+    # again) gives each thread a connection.
+    root.install(services().derive(db_pool_size=max(1, (sender.concurrency + 1) // 2)))
     worker_metrics.serve(services().settings)
     log.info("worker delivers webhooks from queue %s", WEBHOOK_QUEUE)
