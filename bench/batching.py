@@ -1,9 +1,10 @@
 """Dynamic batching: images/s and job latency at max_batch 1, 2, 4, 8, same model and load.
 
     .venv/bin/python -m bench.batching [--model tiny|sd15|sdxl] [--size 64] [--steps 8]
-        [--jobs 48] [--load 1.5] [--batches 1 2 4 8] [--wait-ms 50] [--threads 1]
+        [--jobs 48] [--load 0.8 3] [--batches 1 2 4 8] [--wait-ms 50] [--threads 1]
 
-Jobs arrive open-loop at a fixed rate (`--load` times the images/s that batch 1 sustains,
+First, one pipeline call per batch size back to back (the ceiling batching can reach).
+Then jobs arrive open-loop at a fixed rate (`--load` times the images/s that batch 1 sustains,
 measured first in the same run), each with its own prompt and seed. One server runs them
 as the worker does (workers/batching.py): it takes the oldest waiting job, waits up to
 `--wait-ms` for compatible ones (up to max_batch), runs them as one pipeline call and
@@ -124,6 +125,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--wait-ms", type=float, default=50)
     parser.add_argument("--threads", type=int, default=1, help="torch threads on a CPU")
+    parser.add_argument("--rounds", type=int, default=3, help="timed calls per batch size")
     args = parser.parse_args()
 
     import torch
@@ -137,17 +139,31 @@ def main() -> None:
     jobs = [_params(i, size, args.steps) for i in range(args.jobs)]
     from workers.batching import generate_batch
 
-    # Warm-up at every batch size (allocator, kernel choice), then batch 1's capacity.
-    for b in args.batches:
-        generate_batch(pipeline, jobs[:b], device=device, on_step=[lambda s, t: True] * b)
-    _sync(device)
-    started = time.perf_counter()
-    calibration = min(8, args.jobs)
-    for job in jobs[:calibration]:
-        generate_batch(pipeline, [job], device=device, on_step=[lambda s, t: True])
-    _sync(device)
-    capacity = calibration / (time.perf_counter() - started)
     name = torch.cuda.get_device_name() if device == "cuda" else f"cpu ({args.threads} thread)"
+    # Back to back, no arrivals: what one call of each batch size costs (after a warm-up
+    # call each: allocator, kernel choice). Batch 1's images/s sets the offered loads.
+    calls = []
+    for b in args.batches:
+        steps = [lambda s, t: True] * b
+        generate_batch(pipeline, jobs[:b], device=device, on_step=steps)
+        _sync(device)
+        seconds = []
+        for _ in range(args.rounds):
+            started = time.perf_counter()
+            generate_batch(pipeline, jobs[:b], device=device, on_step=steps)
+            _sync(device)
+            seconds.append(time.perf_counter() - started)
+        best = min(seconds)
+        calls.append({"batch": b, "s_per_call": best, "images_per_s": b / best})
+    for row in calls:
+        row["x_images_per_s"] = row["images_per_s"] / calls[0]["images_per_s"]
+    print_table(
+        f"{args.model} {size}x{size}, {args.steps} steps, one call per batch size "
+        f"(best of {args.rounds}), on {name}",
+        calls,
+        ["batch", "s_per_call", "images_per_s", "x_images_per_s"],
+    )
+    capacity = calls[0]["images_per_s"]
     for load in args.load:
         _run(args, pipeline, device, jobs, size, capacity, load, name)
 

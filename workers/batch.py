@@ -98,6 +98,9 @@ def collect(
     claimed: list[tuple[Permit, Job]] = []
     passed: list[Permit] = []
     ends = time.monotonic() + max_wait
+    # One call must fit where one job must: its images together within max_pixels_per_job.
+    budget = rt.models[leader.model].spec.max_pixels_per_job if leader.model in rt.models else None
+    used = _pixels(leader)
     try:
         # At most max_batch messages held at once, the leader's included.
         while len(claimed) + len(passed) < max_batch - 1:
@@ -108,11 +111,13 @@ def collect(
                     break
                 time.sleep(min(POLL_SECONDS, left))
                 continue
-            job = _claim_member(rt, leader, permit)
+            room = None if budget is None else budget - used
+            job = _claim_member(rt, leader, permit, room)
             if job is None:
                 passed.append(permit)
             else:
                 claimed.append((permit, job))
+                used += _pixels(job)
     except Exception:
         # Claimed jobs keep their claim: their messages, handed back, are redelivered and
         # taken over at once (a claimed job whose message comes back redelivered is).
@@ -125,8 +130,16 @@ def collect(
     return claimed
 
 
-def _claim_member(rt: WorkerRuntime, leader: Job, permit: Permit) -> Job | None:
-    """Claim the message's own job if it can join the leader's batch."""
+def _pixels(job: Job) -> int:
+    params = job.input
+    return int(params["width"]) * int(params["height"]) * int(params.get("num_images", 1))
+
+
+def _claim_member(
+    rt: WorkerRuntime, leader: Job, permit: Permit, room: int | None = None
+) -> Job | None:
+    """Claim the message's own job if it can join the leader's batch (and fits in `room`
+    pixels, where given)."""
     if permit.redelivered:
         return None  # its run may need taking over: the ordinary path knows how
     try:
@@ -141,6 +154,7 @@ def _claim_member(rt: WorkerRuntime, leader: Job, permit: Permit) -> Job | None:
             or job.model != leader.model
             or (job.deadline_at is not None and job.deadline_at <= utcnow())
             or not compatible(job.input, leader.input)
+            or (room is not None and _pixels(job) > room)
         ):
             return None
         claim = transitions.claim_job(

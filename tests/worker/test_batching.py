@@ -126,3 +126,70 @@ def test_what_may_share_a_batch():
     assert batch_key({**base, "guidance_scale": 7}) == batch_key({**base, "guidance_scale": 7.0})
     with pytest.raises(ValueError, match="share"):
         generate_batch(None, [base, {**base, "steps": 9}], device="cpu", on_step=[])
+
+
+@pytest.fixture(scope="module")
+def tiny_xl_pipeline(tiny_pipeline):
+    """A tiny random-weight SDXL pipeline: the added text and time conditions are per-row
+    tensors of their own, which a job leaving the batch must be cut from too."""
+    import torch
+    from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    torch.manual_seed(0)
+    tokenizer = tiny_pipeline.tokenizer
+    vocab = tokenizer.get_vocab()
+
+    def config():
+        return CLIPTextConfig(
+            bos_token_id=vocab["<|startoftext|>"],
+            eos_token_id=vocab["<|endoftext|>"],
+            pad_token_id=vocab["<|endoftext|>"],
+            hidden_size=32,
+            intermediate_size=37,
+            num_attention_heads=4,
+            num_hidden_layers=2,
+            vocab_size=len(vocab),
+            max_position_embeddings=77,
+            projection_dim=32,
+        )
+
+    unet = UNet2DConditionModel(
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        sample_size=8,
+        in_channels=4,
+        out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=64,
+        attention_head_dim=(2, 4),
+        use_linear_projection=True,
+        addition_embed_type="text_time",
+        addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=6 * 8 + 32,
+    )
+    pipeline = StableDiffusionXLPipeline(
+        vae=tiny_pipeline.vae,
+        text_encoder=CLIPTextModel(config()),
+        text_encoder_2=CLIPTextModelWithProjection(config()),
+        tokenizer=tokenizer,
+        tokenizer_2=tokenizer,
+        unet=unet,
+        scheduler=tiny_pipeline.scheduler,
+    )
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+@pytest.mark.parametrize("scheduler", ["default", "dpm++"])
+def test_sdxl_a_job_that_leaves_is_cut_from_the_added_conditions_too(tiny_xl_pipeline, scheduler):
+    jobs = [
+        job_params(seed=1, steps=4, scheduler=scheduler),
+        job_params(prompt="leaves", seed=2, steps=4, scheduler=scheduler),
+        job_params(prompt="stays", negative_prompt="fog", seed=3, steps=4, scheduler=scheduler),
+    ]
+    whole = _run(tiny_xl_pipeline, jobs)
+    assert [len(o.images) for o in whole] == [1, 1, 1]
+    out = _run(tiny_xl_pipeline, jobs, [lambda s, t: True, lambda s, t: s < 2, lambda s, t: True])
+    assert out[1] is None and len(out[0].images) == len(out[2].images) == 1

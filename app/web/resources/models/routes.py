@@ -29,6 +29,8 @@ def _view(spec: ModelSpec, default: str) -> dict:
         "default": spec.name == default,
         "limits": {name: getattr(spec, name) for name in LIMIT_FIELDS},
         "schedulers": list(spec.schedulers),
+        "sizes": list(spec.sizes),
+        "sizes_required": spec.sizes_required,
     }
 
 
