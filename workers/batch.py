@@ -79,11 +79,25 @@ class Member:
 
 
 def settle(permit: Permit, outcome: Outcome) -> None:
-    """Ack or reject a member's message for its job's outcome, as the task does."""
-    if outcome.verdict == Verdict.ACK:
-        permit.ack()
-    else:
-        permit.reject(requeue=outcome.verdict == Verdict.REQUEUE)
+    """Ack or reject a member's message for its job's outcome, as the task does.
+
+    A broker that went away meanwhile has already handed the message back (redelivered):
+    its next delivery finds the job's outcome in the row, so a failed ack is only logged.
+    """
+    try:
+        if outcome.verdict == Verdict.ACK:
+            permit.ack()
+        else:
+            permit.reject(requeue=outcome.verdict == Verdict.REQUEUE)
+    except Exception as exc:  # noqa: BLE001 - see above
+        log.warning("settling a batch member's message failed (%s); it comes back", exc)
+
+
+def _requeue(permit: Permit) -> None:
+    try:
+        permit.reject(requeue=True)
+    except Exception as exc:  # noqa: BLE001 - a closed channel hands it back by itself
+        log.warning("handing a batch member's message back failed (%s)", exc)
 
 
 def collect(
@@ -97,7 +111,9 @@ def collect(
     """Up to max_batch - 1 claimed jobs, each with its own message; others go back."""
     claimed: list[tuple[Permit, Job]] = []
     passed: list[Permit] = []
-    ends = time.monotonic() + max_wait
+    # The claimed jobs' leases are renewed only once the batch runs: gathering must end
+    # well inside one lease.
+    ends = time.monotonic() + min(max_wait, rt.settings.lease_seconds / 3)
     # One call must fit where one job must: its images together within max_pixels_per_job.
     budget = rt.models[leader.model].spec.max_pixels_per_job if leader.model in rt.models else None
     used = _pixels(leader)
@@ -122,11 +138,14 @@ def collect(
         # Claimed jobs keep their claim: their messages, handed back, are redelivered and
         # taken over at once (a claimed job whose message comes back redelivered is).
         for permit, _job in claimed:
-            permit.reject(requeue=True)
+            _requeue(permit)
         raise
     finally:
         for permit in passed:
-            permit.pass_back()
+            try:
+                permit.pass_back()
+            except Exception as exc:  # noqa: BLE001 - a closed channel hands it back itself
+                log.warning("passing a message back failed (%s)", exc)
     return claimed
 
 
@@ -196,13 +215,17 @@ def execute_batch(
         source = None
     try:
         if source is not None:
-            for permit, job in collect(
-                rt,
-                leader,
-                source,
-                max_batch=spec.max_batch,
-                max_wait=spec.max_wait_ms / 1000,
-            ):
+            try:
+                gathered = collect(
+                    rt, leader, source, max_batch=spec.max_batch, max_wait=spec.max_wait_ms / 1000
+                )
+            except Exception as exc:
+                if execute._is_database_error(exc):
+                    raise
+                # The broker went away while gathering: the job runs alone.
+                log.warning("gathering a batch failed (%s); running the job alone", exc)
+                gathered = []
+            for permit, job in gathered:
                 members.append(Member(job, permit, threading.Event()))
         BATCH_WAIT.labels(spec.name).observe(time.perf_counter() - waited_from)
         BATCH_SIZE.labels(spec.name).observe(len(members))
@@ -225,7 +248,7 @@ def execute_batch(
         for member in members:
             rt.batch_stops.pop(member.job.id, None)
             if member.permit is not None and member.outcome is None:
-                member.permit.reject(requeue=True)
+                _requeue(member.permit)
         if source is not None:
             source.close()
     leader_outcome = members[0].outcome

@@ -39,6 +39,28 @@ def runtime(stack):
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def leave_nothing_behind(db):
+    """Jobs these tests leave queued or running (never published) end failed, so that no
+    relay of the same session tries to publish them."""
+    yield
+    from sqlalchemy import select
+
+    from app.jobs import transitions
+    from app.jobs.states import ErrorCode
+
+    with db.session() as session:
+        open_ids = session.scalars(
+            select(Job.id).where(
+                Job.queue == QUEUE, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING])
+            )
+        ).all()
+        for job_id in open_ids:
+            transitions.finish_failed(
+                session, job_id, code=ErrorCode.INTERNAL, message="test left it unfinished"
+            )
+
+
 def _new_job(db, tenant: str, **params):
     full = {
         "prompt": "a lighthouse",
@@ -213,3 +235,29 @@ def test_a_batch_keeps_its_images_within_the_models_pixel_budget(runtime, db):
             assert session.get(Job, too_big).status == JobStatus.QUEUED
     finally:
         runtime.models["tiny"] = model
+
+
+def test_a_broker_lost_while_gathering_leaves_the_job_to_run_alone(runtime, db):
+    tenant = f"lost-{uuid.uuid4().hex[:8]}"
+    leader_id, leader_payload = _new_job(db, tenant, seed=1)
+    member_id = _new_job(db, tenant, seed=2)[0]
+    member = FakePermit(db, member_id, build_payload_of(db, member_id), runtime.owner)
+
+    class Breaking(FakeSource):
+        def fetch(self):
+            if self.fetched:
+                raise ConnectionResetError("the broker went away")
+            return super().fetch()
+
+    source = Breaking([member])
+    outcome = execute.execute_job(
+        runtime, leader_payload, redelivered=False, open_permits=lambda q: source
+    )
+    if runtime.postprocessor is not None:
+        assert runtime.postprocessor.drain(timeout=60)
+    assert outcome.verdict == execute.Verdict.ACK and source.closed
+    # The member it had claimed is handed back (redelivered: taken over at once).
+    assert member.settled == ["requeue"]
+    with db.session() as session:
+        assert session.get(Job, leader_id).status == JobStatus.SUCCEEDED
+        assert session.get(Job, member_id).status == JobStatus.RUNNING
