@@ -21,7 +21,7 @@ import yaml
 
 from testbed.ports import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 # Ports diffq's roles listen on in a container (API, webhook and GPU worker metrics, Flower).
 LISTEN_PORTS = (8000, 9807, 9808, 5555)
