@@ -62,6 +62,8 @@ def settings_env(tmp_path, monkeypatch):
     monkeypatch.setenv("DIFFQ_HOME", str(tmp_path))
     monkeypatch.setenv("DIFFQ_PUBLIC_URL", PUBLIC_URL)
     monkeypatch.setattr("app.storage.local.time.time", lambda: 1_800_000_000.0)
+    # This process's root is built from these settings, not kept from an earlier test.
+    monkeypatch.setattr("app.services._root", None)
 
 
 def test_the_links_are_the_apis_routes(settings_env):
