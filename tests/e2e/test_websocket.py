@@ -51,7 +51,7 @@ def _read_all(url: str, headers=None, stop=None):
 
 
 def test_events_arrive_in_order_and_the_close_code_says_succeeded(api_server, worker, tenant_key):
-    job = submit(api_server.url, tenant_key, prompt="socket me", steps=10)
+    job = submit(api_server.url, tenant_key, prompt="socket me", steps=30, width=256, height=192)
     messages, close = _read_all(_ws_url(api_server, job["id"]), auth(tenant_key))
     statuses = [m["data"]["status"] for m in messages if m["event"] == "status"]
     assert statuses[-1] == "succeeded" and "running" in statuses
