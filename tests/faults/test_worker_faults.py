@@ -252,7 +252,11 @@ def test_f13_jobs_over_their_time_limit_fail_and_the_worker_keeps_serving(fault_
     stack = fault_stack
     stack.ensure_workers()
     sc = Scenario("F13 job over its time limit", stack, stack.new_key())
-    slow = [sc.submit(prompt=f"f13-{i}", model="tiny-slow", steps=400) for i in range(4)]
+    # 256² steps: far past the 2 s soft limit on any core (64² ones can finish in 1.8 s).
+    slow = [
+        sc.submit(prompt=f"f13-{i}", model="tiny-slow", steps=400, width=256, height=256)
+        for i in range(4)
+    ]
     after = [sc.submit(prompt=f"f13-after-{i}", steps=10) for i in range(4)]
     sc.figures.faults = len(slow)
     fig = sc.report(sc.settle(120))
