@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import bindparam, delete, func, select, text, update
 from sqlalchemy.orm import Session
 
 from app.db.models import Job, RequestCount
@@ -25,6 +25,24 @@ class Verdict:
     retry_after: int = 0  # seconds, for the Retry-After header
 
 
+def _count_statement(dialect: str):
+    """The upsert that counts a request, built once per dialect."""
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    table = RequestCount.__table__
+    statement = insert(table).values(
+        key_id=bindparam("kid"), window_start=bindparam("win"), count=1
+    )
+    return statement.on_conflict_do_update(
+        index_elements=["key_id", "window_start"], set_={"count": table.c.count + 1}
+    ).returning(table.c.count)
+
+
+_COUNT = {name: _count_statement(name) for name in ("postgresql", "sqlite")}
+
+
 def count_request(session: Session, key_id: str, limit: int) -> Verdict:
     """Count one request against the key's current minute; over `limit` it is refused
     until the next minute starts. One atomic upsert: exact under concurrency."""
@@ -33,17 +51,9 @@ def count_request(session: Session, key_id: str, limit: int) -> Verdict:
     now = utcnow()
     epoch = int(now.timestamp()) // WINDOW_SECONDS * WINDOW_SECONDS
     window = datetime.fromtimestamp(epoch, UTC)
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
     relaxed_commit(session)  # a count lost in a crash lets one extra request through
-    statement = insert(RequestCount).values(key_id=key_id, window_start=window, count=1)
-    statement = statement.on_conflict_do_update(
-        index_elements=["key_id", "window_start"], set_={"count": RequestCount.count + 1}
-    ).returning(RequestCount.count)
-    count = session.execute(statement).scalar_one()
+    statement = _COUNT[session.get_bind().dialect.name]
+    count = session.execute(statement, {"kid": key_id, "win": window}).scalar_one()
     session.commit()
     if count <= limit:
         return Verdict(True)
@@ -57,26 +67,30 @@ def forget_old_windows(session: Session) -> int:
     return session.execute(delete(RequestCount).where(RequestCount.window_start < cutoff)).rowcount
 
 
+_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
+_jobs = Job.__table__
+_QUEUED = (
+    select(func.count())
+    .select_from(_jobs)
+    .where(_jobs.c.tenant_id == bindparam("tenant"), _jobs.c.status == JobStatus.QUEUED.value)
+)
+
+
 def lock_tenant(session: Session, tenant_id: uuid.UUID) -> None:
     """A transaction-scoped lock per tenant (PostgreSQL): count-then-write decisions about
     one tenant's jobs are made one at a time across every process, until the commit or
-    rollback that follows. (SQLite serialises writers anyway.)"""
+    rollback that follows. (In SQLite a write waits for the writer before it.)"""
     if session.get_bind().dialect.name == "postgresql":
-        key = uuid.UUID(str(tenant_id)).int & 0x7FFFFFFFFFFFFFFF
-        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+        session.execute(_LOCK, {"key": uuid.UUID(str(tenant_id)).int & 0x7FFFFFFFFFFFFFFF})
 
 
-def reserve_queued_slot(session: Session, tenant_id: uuid.UUID, cap: int) -> Verdict:
-    """Before inserting a job: is the tenant under its cap of queued jobs?"""
+def over_queued_cap(session: Session, tenant_id: uuid.UUID, cap: int) -> Verdict:
+    """After the new job's INSERT, the tenant locked: is it within its cap of queued
+    jobs (the new one counted)? Locked only from this count to the commit, the cap is
+    exact under any burst while the rest of each submit runs side by side."""
     if cap <= 0:
         return Verdict(True)
-    lock_tenant(session, tenant_id)
-    queued = session.scalar(
-        select(func.count())
-        .select_from(Job)
-        .where(Job.tenant_id == tenant_id, Job.status == JobStatus.QUEUED)
-    )
-    if queued < cap:
+    if session.execute(_QUEUED, {"tenant": tenant_id}).scalar_one() <= cap:
         return Verdict(True)
     return Verdict(False, 10)
 
@@ -95,12 +109,13 @@ def in_flight(session: Session, tenant_id: uuid.UUID) -> int:
     )
 
 
-def may_admit(session: Session, tenant_id: uuid.UUID, cap: int) -> bool:
-    """At submit (the tenant locked): does a new job go to the broker now, or wait?"""
-    if cap <= 0:
+def admit_new(session: Session, tenant_id: uuid.UUID, job_id: uuid.UUID, cap: int) -> bool:
+    """After the new job's INSERT (admitted), the tenant locked: does it go to the broker
+    now, or is it held (admitted_at cleared) until the relay lets it through?"""
+    if cap <= 0 or in_flight(session, tenant_id) <= cap:
         return True
-    lock_tenant(session, tenant_id)
-    return in_flight(session, tenant_id) < cap
+    session.execute(update(Job).where(Job.id == job_id).values(admitted_at=None))
+    return False
 
 
 def admit_held(session: Session, tenant_id: uuid.UUID, cap: int) -> list[uuid.UUID]:

@@ -145,11 +145,11 @@ class JobCreateSchema(RefusesNul, ma.Schema):
         errors = model_limit_errors(spec, data)
         if errors:
             raise ma.ValidationError(errors)
+        data["_spec"] = spec  # for _normalize: the model is looked up once
 
     @ma.post_load
     def _normalize(self, data: dict[str, Any], **_kwargs) -> dict[str, Any]:
-        spec = services().catalog.get(data.get("model"))
-        assert spec is not None  # _model_limits ran first
+        spec = data.pop("_spec")  # _model_limits ran first
         return {
             "spec": spec,
             "params": normalize(spec, data),
@@ -396,13 +396,17 @@ class JobSchema(ma.Schema):
     progress = fields.Nested(ProgressSchema, allow_none=True)
     queue_position = fields.Integer(
         allow_none=True,
-        metadata={"description": "While queued: jobs that will start before this one (0: next)."},
+        metadata={
+            "description": "While queued: jobs that will start before this one (0: next). "
+            "Null in a submit's 202: the job's GET and its events have it."
+        },
     )
     eta_seconds = fields.Float(
         allow_none=True,
         metadata={
             "description": "While queued: an estimate of the seconds until it starts, from the "
-            "model's recent per-step times and the jobs ahead; null until the model has run."
+            "model's recent per-step times and the jobs ahead; null until the model has run, "
+            "and in a submit's 202."
         },
     )
     priority = fields.String(metadata={"description": "low, normal or high."})
