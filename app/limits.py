@@ -8,11 +8,11 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import bindparam, delete, func, select, text, update
+from sqlalchemy import Uuid, bindparam, delete, func, select, text, update
 from sqlalchemy.orm import Session
 
-from app.db.models import Job, RequestCount
-from app.db.types import utcnow
+from app.db.models import Job, RequestCount, SubmitReservation
+from app.db.types import UTCDateTime, utcnow
 from app.jobs.states import JobStatus
 from app.jobs.transitions import relaxed_commit
 
@@ -62,8 +62,14 @@ def count_request(session: Session, key_id: str, limit: int) -> Verdict:
 
 
 def forget_old_windows(session: Session) -> int:
-    """The relay's cleanup: counts of windows long past."""
+    """The relay's cleanup: counts of windows long past, and the slots of submits that
+    died before storing their job (they stopped counting after RESERVATION_SECONDS)."""
     cutoff = utcnow() - timedelta(seconds=10 * WINDOW_SECONDS)
+    session.execute(
+        delete(SubmitReservation).where(
+            SubmitReservation.created_at < utcnow() - timedelta(seconds=RESERVATION_SECONDS)
+        )
+    )
     return session.execute(delete(RequestCount).where(RequestCount.window_start < cutoff)).rowcount
 
 
@@ -86,13 +92,79 @@ def lock_tenant(session: Session, tenant_id: uuid.UUID) -> None:
 
 def over_queued_cap(session: Session, tenant_id: uuid.UUID, cap: int) -> Verdict:
     """After the new job's INSERT, the tenant locked: is it within its cap of queued
-    jobs (the new one counted)? Locked only from this count to the commit, the cap is
-    exact under any burst while the rest of each submit runs side by side."""
+    jobs (the new one counted)? Used where the in-flight cap already locks the tenant
+    until the job's commit."""
     if cap <= 0:
         return Verdict(True)
     if session.execute(_QUEUED, {"tenant": tenant_id}).scalar_one() <= cap:
         return Verdict(True)
     return Verdict(False, 10)
+
+
+RESERVATION_SECONDS = 60  # far beyond a live submit (statements time out after 15 s)
+_reserved = SubmitReservation.__table__
+_RESERVE = _reserved.insert()
+_RESERVE_CALL = text(
+    "SELECT diffq_reserve_slot(:job, :tenant, :cap, :now, :since, :lock)"
+).bindparams(
+    bindparam("job", type_=Uuid()),
+    bindparam("tenant", type_=Uuid()),
+    bindparam("now", type_=UTCDateTime()),
+    bindparam("since", type_=UTCDateTime()),
+)
+_RELEASE = _reserved.delete().where(_reserved.c.job_id == bindparam("job"))
+_TAKEN = select(
+    _QUEUED.scalar_subquery()
+    + select(func.count())
+    .select_from(_reserved)
+    .where(
+        _reserved.c.tenant_id == bindparam("tenant"),
+        _reserved.c.created_at > bindparam("since"),
+    )
+    .scalar_subquery()
+)
+
+
+def reserve_queued_slot(
+    session: Session, tenant_id: uuid.UUID, job_id: uuid.UUID, cap: int
+) -> Verdict:
+    """Take a slot under the tenant's cap of queued jobs for a job about to be stored, in
+    a transaction of its own that commits without waiting for the WAL flush: the
+    tenant's lock is held from inside one call to that commit, never across a job's
+    durable commit, so a tenant's submits overlap while the cap stays exact (the slots
+    of submits in progress are counted with the queued jobs). The job's transaction
+    releases the slot (`release_slot`) as it stores the job."""
+    if cap <= 0:
+        return Verdict(True)
+    now = utcnow()
+    since = now - timedelta(seconds=RESERVATION_SECONDS)
+    if session.get_bind().dialect.name == "postgresql":
+        # The same steps in one call (migration 0008): the lock spans no round trip.
+        allowed = session.execute(
+            _RESERVE_CALL,
+            {
+                "job": job_id,
+                "tenant": tenant_id,
+                "cap": cap,
+                "now": now,
+                "since": since,
+                "lock": uuid.UUID(str(tenant_id)).int & 0x7FFFFFFFFFFFFFFF,
+            },
+        ).scalar_one()
+    else:  # SQLite: the INSERT makes later writers wait until this commit
+        session.execute(_RESERVE, {"job_id": job_id, "tenant_id": tenant_id, "created_at": now})
+        taken = session.execute(_TAKEN, {"tenant": tenant_id, "since": since}).scalar_one()
+        allowed = taken <= cap  # its own slot counted
+    if not allowed:
+        session.rollback()
+        return Verdict(False, 10)
+    session.commit()
+    return Verdict(True)
+
+
+def release_slot(session: Session, job_id: uuid.UUID) -> None:
+    """In the job's transaction (or after it failed): the submit's slot is free again."""
+    session.execute(_RELEASE, {"job": job_id})
 
 
 def in_flight(session: Session, tenant_id: uuid.UUID) -> int:

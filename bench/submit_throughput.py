@@ -169,13 +169,18 @@ def main() -> None:
     parser.add_argument("--clients", default="16,64")
     parser.add_argument("--before", type=Path, help="another diffq checkout to run alongside")
     parser.add_argument("--no-parse", action="store_true", help="leave out the parse-only row")
+    parser.add_argument(
+        "--max-queued",
+        default="100000000",
+        help="diffq's DIFFQ_MAX_QUEUED (default: counted, never refusing; 0: no cap, no lock)",
+    )
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
 
     with tempfile.TemporaryDirectory() as tmp:
         stack = start_stack(Path(tmp))
         # Counted, never refusing: every submit pays for the rate limit and the cap.
-        env = {**stack.env, "DIFFQ_RATE_LIMIT": "100000000", "DIFFQ_MAX_QUEUED": "100000000"}
+        env = {**stack.env, "DIFFQ_RATE_LIMIT": "100000000", "DIFFQ_MAX_QUEUED": args.max_queued}
         pg_url = stack.database_url.replace("+psycopg2", "")
         servers: list[Server] = []
         try:

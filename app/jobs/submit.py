@@ -31,7 +31,13 @@ from app.ids import uuid7
 from app.jobs import cache, service
 from app.jobs.states import JobStatus, Priority
 from app.jobs.transitions import progress_of
-from app.limits import admit_new, lock_tenant, over_queued_cap
+from app.limits import (
+    admit_new,
+    lock_tenant,
+    over_queued_cap,
+    release_slot,
+    reserve_queued_slot,
+)
 from app.metrics.instruments import CACHE_HITS, JOBS_SUBMITTED
 
 _INSERT = Job.__table__.insert()
@@ -104,17 +110,35 @@ def submit_job(
     except IntegrityError:
         # A concurrent request with the same key committed first: answer with its job.
         session.rollback()
+        _release_after_failure(session, values["id"], caps)
         existing = service.find_by_idempotency_key(session, tenant_id, key) if key else None
         if existing is None:
             raise
         return _replayed(existing, request)
+    except Refused:
+        raise  # nothing stored, nothing reserved
+    except Exception:
+        session.rollback()
+        _release_after_failure(session, values["id"], caps)
+        raise
     JOBS_SUBMITTED.labels(job.model).inc()
     if source is not None:
         CACHE_HITS.labels(job.model).inc()
     elif job.admitted_at is not None and publisher.publish(job, request.spec):
         # Committed first: a publish that fails leaves a durable row for the relay.
-        mark_published_soon(session.get_bind(), job.id)
+        mark_published_soon(session.get_bind().engine, job.id)
     return Submitted(job)
+
+
+def _release_after_failure(session: Session, job_id: uuid.UUID, caps: Caps) -> None:
+    """The job was not stored: free its slot now (else it expires on its own)."""
+    if caps.max_queued <= 0 or caps.max_running > 0:
+        return  # no slot was reserved
+    try:
+        release_slot(session, job_id)
+        session.commit()
+    except Exception:  # noqa: BLE001 - the database is away; the slot expires
+        session.rollback()
 
 
 def _replayed(job: Job, request: JobRequest) -> Submitted:
@@ -172,22 +196,39 @@ def _job_values(tenant_id: uuid.UUID, request: JobRequest, cache_key: str | None
 
 
 def _insert_queued(session: Session, tenant_id: uuid.UUID, values: dict, caps: Caps) -> Job:
-    """One INSERT; then, with caps, the tenant's counts under its lock (own row included)."""
-    row = {("metadata" if name == "client_metadata" else name): v for name, v in values.items()}
-    session.execute(_INSERT, row)  # Core: no unit of work for a row written once
-    if caps.max_queued > 0 or caps.max_running > 0:
+    """The job's INSERT, after its slot under the queued cap was reserved; with an
+    in-flight cap, that count under the tenant's lock, held until the commit."""
+    reserved = False
+    if caps.max_running > 0:  # this cap's count and its answer share the job's commit
+        session.execute(_INSERT, _row(values))
         lock_tenant(session, tenant_id)
-        verdict = over_queued_cap(session, tenant_id, caps.max_queued)
-        if not verdict.allowed:
+        over = over_queued_cap(session, tenant_id, caps.max_queued)
+        if not over.allowed:
             session.rollback()
-            raise Refused(
-                429,
-                f"Too many queued jobs: at most {caps.max_queued} per tenant.",
-                verdict.retry_after,
-            )
+            raise _too_many(caps, over)
         if not admit_new(session, tenant_id, values["id"], caps.max_running):
             values["admitted_at"] = None  # held: the relay lets it through later
+    else:
+        slot = reserve_queued_slot(session, tenant_id, values["id"], caps.max_queued)
+        if not slot.allowed:
+            raise _too_many(caps, slot)
+        reserved = caps.max_queued > 0
+        session.execute(_INSERT, _row(values))
+        if reserved:
+            release_slot(session, values["id"])
     return Job(**values)  # as stored; not attached to the session
+
+
+def _row(values: dict) -> dict:
+    return {("metadata" if name == "client_metadata" else name): v for name, v in values.items()}
+
+
+def _too_many(caps: Caps, verdict) -> Refused:
+    return Refused(
+        429,
+        f"Too many queued jobs: at most {caps.max_queued} per tenant.",
+        verdict.retry_after,
+    )
 
 
 def _serve_from_cache(session: Session, values: dict, source: Job) -> Job:
