@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Uuid, bindparam, delete, func, select, text, update
+from sqlalchemy import Connection, Uuid, bindparam, delete, func, select, text, update
 from sqlalchemy.orm import Session
 
 from app.db.models import Job, RequestCount, SubmitReservation
@@ -130,7 +130,7 @@ def reserve_queued_slot(
 ) -> Verdict:
     """Take a slot under the tenant's cap of queued jobs for a job about to be stored, in
     a transaction of its own that commits without waiting for the WAL flush: the
-    tenant's lock is held from inside one call to that commit, never across a job's
+    tenant's lock is held inside one call and its commit, never across a job's
     durable commit, so a tenant's submits overlap while the cap stays exact (the slots
     of submits in progress are counted with the queued jobs). The job's transaction
     releases the slot (`release_slot`) as it stores the job."""
@@ -139,23 +139,38 @@ def reserve_queued_slot(
     now = utcnow()
     since = now - timedelta(seconds=RESERVATION_SECONDS)
     if session.get_bind().dialect.name == "postgresql":
-        # The same steps in one call (migration 0008): the lock spans no round trip.
-        allowed = session.execute(
-            _RESERVE_CALL,
-            {
-                "job": job_id,
-                "tenant": tenant_id,
-                "cap": cap,
-                "now": now,
-                "since": since,
-                "lock": uuid.UUID(str(tenant_id)).int & 0x7FFFFFFFFFFFFFFF,
-            },
-        ).scalar_one()
-    else:  # SQLite: the INSERT makes later writers wait until this commit
-        session.execute(_RESERVE, {"job_id": job_id, "tenant_id": tenant_id, "created_at": now})
-        taken = session.execute(_TAKEN, {"tenant": tenant_id, "since": since}).scalar_one()
-        allowed = taken <= cap  # its own slot counted
-    if not allowed:
+        # The same steps in one call, in autocommit (migration 0008): the tenant's lock is
+        # taken and released inside the server, with no round trip while it is held.
+        params = {
+            "job": job_id,
+            "tenant": tenant_id,
+            "cap": cap,
+            "now": now,
+            "since": since,
+            "lock": uuid.UUID(str(tenant_id)).int & 0x7FFFFFFFFFFFFFFF,
+        }
+        session.commit()  # what was read so far: the call runs outside a transaction
+        bind = session.get_bind()
+        if isinstance(bind, Connection):  # the request's own connection, idle now
+            if bind.in_transaction():
+                bind.commit()
+            bind.execution_options(isolation_level="AUTOCOMMIT")
+            try:
+                allowed = bind.execute(_RESERVE_CALL, params).scalar_one()
+                bind.commit()  # SQLAlchemy's marker only: the call committed itself
+            finally:
+                if bind.in_transaction():
+                    bind.rollback()
+                bind.execution_options(isolation_level=bind.default_isolation_level)
+        else:
+            with bind.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                allowed = conn.execute(_RESERVE_CALL, params).scalar_one()
+        return Verdict(True) if allowed else Verdict(False, 10)
+    # SQLite: the INSERT makes later writers wait until this commit.
+    relaxed_commit(session)
+    session.execute(_RESERVE, {"job_id": job_id, "tenant_id": tenant_id, "created_at": now})
+    taken = session.execute(_TAKEN, {"tenant": tenant_id, "since": since}).scalar_one()
+    if taken > cap:  # its own slot counted
         session.rollback()
         return Verdict(False, 10)
     session.commit()

@@ -16,9 +16,10 @@ branch_labels = None
 depends_on = None
 
 
-# PostgreSQL: take the slot in one call, so that the tenant's lock is held only for the
-# rest of the call and the COMMIT after it (each statement of a VOLATILE function sees
-# what committed before it began, so the count sees every slot taken before the lock).
+# PostgreSQL: take the slot in one call, made in autocommit, so that the tenant's lock
+# is held only for the rest of the call and its commit, inside the server (each
+# statement of a VOLATILE function sees what committed before it began, so the count
+# sees every slot taken before the lock). Over the cap the call takes no slot.
 RESERVE = """
 CREATE OR REPLACE FUNCTION diffq_reserve_slot(
     p_job uuid, p_tenant uuid, p_cap bigint, p_now timestamptz, p_since timestamptz,
@@ -35,7 +36,11 @@ BEGIN
          + (SELECT count(*) FROM submit_reservations
             WHERE tenant_id = p_tenant AND created_at > p_since)
       INTO taken;
-    RETURN taken <= p_cap;
+    IF taken > p_cap THEN
+        DELETE FROM submit_reservations WHERE job_id = p_job;
+        RETURN false;
+    END IF;
+    RETURN true;
 END
 $$
 """
