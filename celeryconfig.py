@@ -1,25 +1,40 @@
-"""Celery settings for diffq, read from the environment (see the README's configuration table)."""
+"""Celery settings for diffq (see the README's configuration table).
+
+Importing this module reads nothing: the settings that come from the environment and the
+model catalog (broker, queues) are built by `from_services`, which the Celery app calls
+when it is first configured (tasks/celery_app.py). A module named by DIFFQ_CELERY_CONFIG
+can `from celeryconfig import *` and override any of these; what it leaves out comes from
+`from_services`.
+"""
 
 from app.broker.topology import WEBHOOK_QUEUE, work_queue
-from app.catalog import load_catalog
-from app.config import load_settings
 
-_settings = load_settings()
-_catalog = load_catalog(_settings)
+
+def from_services(services) -> dict:
+    """The settings read from the process's root (app/services.py): its settings, catalog."""
+    settings, catalog = services.settings, services.catalog
+    if settings.embedded:
+        # No server: kombu's filesystem transport under DIFFQ_HOME (no DLX, no priorities).
+        from app.broker.embedded import transport_options  # also registers the URL scheme
+
+        transport = transport_options(settings)
+    else:
+        # Publisher confirms: apply_async returns only once RabbitMQ has the message.
+        transport = {"confirm_publish": True}
+    return {
+        "broker_url": settings.broker_url,
+        "broker_transport_options": transport,
+        "broker_connection_timeout": settings.publish_timeout,  # a submit waits about this
+        # One durable queue per model pool, each with its dead-letter queue.
+        "task_queues": [
+            work_queue(name, settings.queue_type) for name in [*catalog.queues, WEBHOOK_QUEUE]
+        ],
+        "task_default_queue": catalog.get(None).queue,
+    }
+
 
 # --- Broker ------------------------------------------------------------------------
-if _settings.embedded:
-    # No server: kombu's filesystem transport under DIFFQ_HOME (no DLX, no priorities).
-    from app.broker.embedded import transport_options  # also registers the URL scheme
-
-    broker_url = _settings.broker_url
-    broker_transport_options = transport_options(_settings)
-else:
-    broker_url = _settings.broker_url
-    # Publisher confirms: apply_async returns only once RabbitMQ has the message.
-    broker_transport_options = {"confirm_publish": True}
 broker_connection_retry_on_startup = True
-broker_connection_timeout = _settings.publish_timeout  # a submit waits at most about this
 broker_heartbeat = 30
 worker_consumer = "tasks.reconnect:Consumer"  # reconnects every 0.5-2 s, not 2-30 s
 
@@ -31,9 +46,7 @@ task_default_delivery_mode = "persistent"
 task_ignore_result = True
 result_backend = None
 
-# --- Queues: one durable queue per model pool, each with its dead-letter queue ------
-task_queues = [work_queue(name) for name in [*_catalog.queues, WEBHOOK_QUEUE]]
-task_default_queue = _catalog.get(None).queue
+# --- Queues (the queues themselves: from_services) ------------------------------------
 task_create_missing_queues = False
 
 # --- Reliability -------------------------------------------------------------------

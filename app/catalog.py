@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from app.config import Settings
+from app.rules import SCHEDULER_NAMES
 
 # RabbitMQ 3.x cancels a consumer whose delivery stays unacked for consumer_timeout
 # (30 min by default); a job's hard time limit must end well before that.
@@ -14,8 +15,8 @@ CONSUMER_TIMEOUT_SECONDS = 1800
 TIME_LIMIT_HEADROOM_SECONDS = 300
 
 DTYPES = ("float32", "float16", "bfloat16")
-# Each name has a class in workers/generation.py SCHEDULER_CLASSES (a test runs them all).
-SCHEDULERS = ("default", "ddim", "euler", "euler_a", "dpm++", "pndm", "lms", "lcm")
+# Every scheduler a model may offer: app/rules.py's table (a test runs each on the worker).
+SCHEDULERS = SCHEDULER_NAMES
 
 
 class CatalogError(ValueError):
@@ -56,6 +57,24 @@ class ModelSpec:
     variant: str | None = None
     vae_path: Path | None = None
     safety_checker: bool = False
+    # Dynamic batching (docs/batching.md): up to `max_batch` compatible jobs (same size,
+    # steps, guidance, scheduler) run as one pipeline call, waiting at most `max_wait_ms`
+    # for the batch to fill. `sizes` ("WIDTHxHEIGHT") are the tiers that batch; with
+    # `sizes_required` a request of another size is a 422, without it it runs alone.
+    max_batch: int = 1
+    max_wait_ms: int = 0
+    sizes: tuple[str, ...] = ()
+    sizes_required: bool = False
+
+    @property
+    def size_tiers(self) -> tuple[tuple[int, int], ...]:
+        return tuple(_parse_size(s) for s in self.sizes)
+
+    def batches(self, width: int, height: int) -> bool:
+        """Whether a job of this size may share a batch (max_batch > 1, size in the tiers)."""
+        if self.max_batch <= 1:
+            return False
+        return not self.sizes or (width, height) in self.size_tiers
 
     def queue_for(self, priority: str) -> str:
         return (
@@ -99,6 +118,31 @@ class ModelSpec:
             raise CatalogError(
                 f"model {self.name!r}: max_pixels_per_job is below one default-size image"
             )
+        if self.max_batch < 1:
+            raise CatalogError(f"model {self.name!r}: max_batch must be at least 1")
+        if not 0 <= self.max_wait_ms <= 10_000:
+            raise CatalogError(f"model {self.name!r}: max_wait_ms must be in 0..10000")
+        for size in self.sizes:
+            try:
+                width, height = _parse_size(size)
+            except ValueError as exc:
+                raise CatalogError(f"model {self.name!r}: sizes: {exc}") from exc
+            if (
+                width % self.size_multiple
+                or height % self.size_multiple
+                or not self.min_size <= width <= self.max_width
+                or not self.min_size <= height <= self.max_height
+                or width * height > self.max_pixels
+            ):
+                raise CatalogError(f"model {self.name!r}: size {size} breaks the model's limits")
+        if self.sizes_required and not self.sizes:
+            raise CatalogError(f"model {self.name!r}: sizes_required needs sizes")
+        if self.sizes_required and (
+            f"{self.default_width}x{self.default_height}" not in self.sizes
+        ):
+            raise CatalogError(
+                f"model {self.name!r}: the default size must be one of sizes when required"
+            )
         unknown = set(self.schedulers) - set(SCHEDULERS)
         if unknown:
             raise CatalogError(f"model {self.name!r}: unknown schedulers {sorted(unknown)}")
@@ -139,6 +183,14 @@ def tiny_spec(path: Path, name: str = "tiny", queue: str = "gpu.tiny") -> ModelS
     )
 
 
+def _parse_size(size: str) -> tuple[int, int]:
+    """ "512x768" -> (512, 768)."""
+    width, sep, height = str(size).lower().partition("x")
+    if not sep or not width.isdigit() or not height.isdigit():
+        raise ValueError(f"{size!r} is not WIDTHxHEIGHT")
+    return int(width), int(height)
+
+
 _SPEC_FIELDS = {f.name for f in fields(ModelSpec)}
 
 
@@ -157,6 +209,8 @@ def _spec_from_table(name: str, table: dict, base_dir: Path) -> ModelSpec:
         values["vae_path"] = vae if vae.is_absolute() else (base_dir / vae)
     if "schedulers" in values:
         values["schedulers"] = tuple(values["schedulers"])
+    if "sizes" in values:
+        values["sizes"] = tuple(values["sizes"])
     try:
         spec = ModelSpec(name=name, **values)
     except TypeError as exc:

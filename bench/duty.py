@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.report import print_table
-from tests.support.stack import start_stack
+from testbed.stack import start_stack
 
 
 def _runtime(stack, seconds: float, depth: int, size: int):

@@ -19,9 +19,9 @@ from pathlib import Path
 import requests
 
 from bench.report import print_table
-from tests.support.jobs import auth, submit, wait_terminal
-from tests.support.processes import ApiServer, start_worker
-from tests.support.stack import start_stack
+from testbed.jobs import auth, submit, wait_terminal
+from testbed.processes import ApiServer, start_worker
+from testbed.stack import start_stack
 
 
 def _key(database_url: str, tenant: str) -> str:

@@ -193,12 +193,13 @@ def _through_diffq(home: Path, name: str, size: int, steps: int, images: int, co
     from app.jobs.service import create_job
     from app.jobs.states import Priority
     from app.keys import get_or_create_tenant
+    from app.services import Services
     from workers import execute
     from workers.runtime import build_runtime
 
     settings = load_settings()
     upgrade(settings.database_url)
-    rt = build_runtime(settings, [f"gpu.{name}"])
+    rt = build_runtime(Services(settings), [f"gpu.{name}"])
     model = rt.models[name]
     if compiled:
         import torch

@@ -18,9 +18,9 @@ import requests
 
 from bench.report import print_table, summarize
 from bench.submit_latency import _make_key
-from tests.support.jobs import auth
-from tests.support.processes import ApiServer, start_worker
-from tests.support.stack import start_stack
+from testbed.jobs import auth
+from testbed.processes import ApiServer, start_worker
+from testbed.stack import start_stack
 
 POLL_SECONDS = 0.1
 

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 from bench.report import print_table, summarize
-from tests.support import services
+from testbed import services
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ import uuid
 from kombu import Connection, Consumer, Exchange, Queue
 
 from bench.report import print_table
-from tests.support import services
+from testbed import services
 
 KINDS = {
     "classic + x-max-priority (diffq)": {"x-max-priority": 9},
@@ -27,7 +27,7 @@ def _run(broker_url: str, arguments: dict, messages: int) -> tuple[float, float]
     name = f"bench-{uuid.uuid4().hex[:8]}"
     exchange = Exchange(name, type="direct", durable=True)
     queue = Queue(name, exchange, routing_key=name, durable=True, queue_arguments=arguments)
-    body = {"v": 1, "job_id": str(uuid.uuid4()), "params": {"prompt": "x" * 200}}
+    body = {"v": 2, "job_id": str(uuid.uuid4()), "tenant": str(uuid.uuid4())}
     with Connection(broker_url, transport_options={"confirm_publish": True}) as conn:
         channel = conn.channel()
         queue(channel).declare()

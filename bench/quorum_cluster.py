@@ -24,10 +24,10 @@ import requests
 from kombu import Connection
 from sqlalchemy import select
 
-from tests.support.jobs import auth
-from tests.support.private_rabbit import PrivateRabbitMQ
-from tests.support.processes import ApiServer, ManagedProcess, start_worker
-from tests.support.stack import start_stack
+from testbed.jobs import auth
+from testbed.private_rabbit import PrivateRabbitMQ
+from testbed.processes import ApiServer, ManagedProcess, start_worker
+from testbed.stack import start_stack
 
 QUEUE = "gpu.tiny"
 
@@ -80,7 +80,7 @@ def main() -> int:
         key = create_key(session, get_or_create_tenant(session, "quorum"), "bench")
     api = ApiServer(env, stack.logs).start()
     relay = ManagedProcess(
-        "relay", [sys.executable, "-m", "app.cli", "relay", "--interval", "0.5"], env, stack.logs
+        "relay", [sys.executable, "-m", "cli", "relay", "--interval", "0.5"], env, stack.logs
     ).start()
     worker = start_worker(env, stack.logs, "worker-q", models="tiny")
     accepted, refused, latencies = [], 0, []

@@ -26,10 +26,10 @@ import requests
 
 from bench.report import print_table
 from bench.submit_latency import _make_key
-from tests.support.deployment import kustomize
-from tests.support.jobs import auth, wait_terminal
-from tests.support.processes import ApiServer, start_worker
-from tests.support.stack import start_stack
+from testbed.deployment import kustomize
+from testbed.jobs import auth, wait_terminal
+from testbed.processes import ApiServer, start_worker
+from testbed.stack import start_stack
 
 
 def drain_settings() -> tuple[int, int]:

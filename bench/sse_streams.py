@@ -21,8 +21,8 @@ import requests
 
 from bench.report import percentile, print_table
 from bench.submit_latency import _make_key
-from tests.support.processes import ApiServer
-from tests.support.stack import start_stack
+from testbed.processes import ApiServer
+from testbed.stack import start_stack
 
 
 async def _open_stream(host, port, path, key, first_event: asyncio.Event, marker: str, got: dict):

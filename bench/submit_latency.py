@@ -19,9 +19,9 @@ from pathlib import Path
 import requests
 
 from bench.report import print_table, summarize
-from tests.support.jobs import auth
-from tests.support.processes import ApiServer
-from tests.support.stack import start_stack
+from testbed.jobs import auth
+from testbed.processes import ApiServer
+from testbed.stack import start_stack
 
 
 def _timed(session: requests.Session, method: str, url: str, **kwargs) -> float:

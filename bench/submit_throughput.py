@@ -7,7 +7,7 @@ Every server runs under diffq's shipped gunicorn flags (`diffq api`'s defaults: 
 processes x 256 gthread threads), on the same private PostgreSQL database and RabbitMQ
 vhost, with no GPU worker running:
 
-- diffq: `python -m app.cli api`, exactly as `diffq api` starts it; one tenant, one key,
+- diffq: `python -m cli api`, exactly as `diffq api` starts it; one tenant, one key,
   the rate limit and the queued cap counted (set high enough never to refuse);
 - minimal: bench/minimal_submit.py, the least a durable submit can do (look the key up,
   INSERT the row and COMMIT, publish one persistent message with confirms, answer 202);
@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.report import percentile, print_table
-from tests.support.ports import free_port
-from tests.support.processes import ManagedProcess
-from tests.support.stack import QUEUES, start_stack
+from testbed.ports import free_port
+from testbed.processes import ManagedProcess
+from testbed.stack import QUEUES, start_stack
 
 MINIMAL_QUEUE = "bench.minimal"
 BODY = json.dumps({"prompt": "benchmark", "steps": 2}).encode()
@@ -58,7 +58,7 @@ class Server:
 
 def _gunicorn(target: str, bind: str) -> list[str]:
     """diffq's shipped gunicorn command (as `diffq api` builds it) serving `target`."""
-    from app.cli.serve import gunicorn_command
+    from cli.serve import gunicorn_command
 
     command = gunicorn_command(bind, 2, 256)
     return [target if arg == "app.web.factory:create_app()" else arg for arg in command]
@@ -66,7 +66,10 @@ def _gunicorn(target: str, bind: str) -> list[str]:
 
 def _diffq_api(name: str, env: dict, logs: Path, checkout: Path | None) -> tuple:
     port = free_port()
-    args = [sys.executable, "-m", "app.cli", "api", "--bind", f"127.0.0.1:{port}"]
+    # `diffq api`'s module: `cli` here, `app.cli` in a checkout from before it moved.
+    here = Path(__file__).resolve().parent.parent
+    module = "cli" if ((checkout or here) / "cli" / "__main__.py").exists() else "app.cli"
+    args = [sys.executable, "-m", module, "api", "--bind", f"127.0.0.1:{port}"]
     if checkout is not None:
         env = {**env, "PYTHONPATH": str(checkout)}
         args = ["/bin/sh", "-c", f'cd "{checkout}" && exec "$0" "$@"', *args]

@@ -23,9 +23,9 @@ import requests
 from bench.report import percentile, print_table
 from bench.sse_streams import _gunicorn_worker_pid, _health_ms, _rss_mb, _threads
 from bench.submit_latency import _make_key
-from tests.support.jobs import auth
-from tests.support.processes import ApiServer
-from tests.support.stack import start_stack
+from testbed.jobs import auth
+from testbed.processes import ApiServer
+from testbed.stack import start_stack
 
 
 def _tenant_jobs(database_url: str, key: str) -> list:

@@ -22,9 +22,9 @@ from bench.report import percentile, print_table
 from bench.sse_streams import _health_ms, _push_progress, _running_jobs
 from bench.submit_latency import _make_key
 from bench.sync_wait import _fail_all
-from tests.support.processes import ApiServer
-from tests.support.socket_fleet import gunicorn_worker_pid, rss_kib, threads_of
-from tests.support.stack import start_stack
+from testbed.processes import ApiServer
+from testbed.socket_fleet import gunicorn_worker_pid, rss_kib, threads_of
+from testbed.stack import start_stack
 
 MARKER_STEP = 777
 

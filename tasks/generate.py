@@ -10,8 +10,9 @@ from celery.exceptions import Reject, TimeLimitExceeded
 from sqlalchemy.exc import DBAPIError
 
 from app.jobs.payload import GENERATE_TASK
+from tasks.batching import opener
+from tasks.boot.gpu import record_hard_timeout, runtime
 from tasks.celery_app import app
-from tasks.worker_boot import record_hard_timeout, runtime
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,14 @@ def generate(self, payload):
     from workers.execute import Verdict, execute_job
 
     delivery = self.request.delivery_info or {}
+    rt = runtime()
+    # Dynamic batching takes further messages from the broker; the embedded mode's
+    # filesystem broker does not batch (README, docs/batching.md).
+    open_permits = None if rt.settings.embedded else opener(self.app)
     try:
-        outcome = execute_job(runtime(), payload, redelivered=bool(delivery.get("redelivered")))
+        outcome = execute_job(
+            rt, payload, redelivered=bool(delivery.get("redelivered")), open_permits=open_permits
+        )
     except DBAPIError as exc:
         # The outcome could not be recorded: hand the message back instead of acking it.
         log.error("database unavailable (%s); requeueing the message", type(exc).__name__)

@@ -1,4 +1,8 @@
-"""The webhook delivery task, run by CPU workers on the `webhooks` queue (`diffq webhooks`)."""
+"""The webhook delivery task, run by CPU workers on the `webhooks` queue (`diffq webhooks`).
+
+No Flask here: a webhook's `data` is app/jobs/view.py's job object, the one the API
+answers GET /v1/jobs/{id} with, linked to DIFFQ_PUBLIC_URL.
+"""
 
 from __future__ import annotations
 
@@ -11,33 +15,24 @@ from tasks.celery_app import app
 
 @cache
 def _context():
-    """Per worker process: the database, the delivery settings, and the job view the
-    API answers GET /v1/jobs/{id} with (so a webhook's `data` is the same object)."""
-    from app.config import load_settings
-    from app.web.factory import create_app
-    from app.web.resources.jobs.presenter import job_view
-    from app.web.resources.jobs.schemas import JobSchema
-    from app.web.services import services
+    """Per worker process: the database, the delivery settings and the job view."""
+    from app.jobs.view import job_json, job_view
     from app.webhooks.delivery import DeliveryConfig
     from app.webhooks.guard import parse_allow_list
+    from tasks.celery_app import services
 
-    settings = load_settings()
-    flask_app = create_app(settings)
-    schema = JobSchema()
+    root = services()
+    settings = root.settings
 
     def view(job):
-        with flask_app.test_request_context(base_url=settings.public_url):
-            svc = services()
-            return schema.dump(job_view(job, svc.storage, svc.settings.presign_ttl))
+        return job_json(job_view(job, root.storage, settings.presign_ttl, settings.public_url))
 
     config = DeliveryConfig(
         schedule=settings.webhook_schedule,
         timeout=settings.webhook_timeout,
         allow=tuple(parse_allow_list(settings.webhook_allow_cidrs)),
     )
-    # The app's own database pool serves the deliveries too (its watcher starts no
-    # listener until a stream subscribes, which never happens here).
-    return flask_app.extensions["diffq"].db, config, view
+    return root.db, config, view
 
 
 @app.task(name=DELIVER_WEBHOOK_TASK, acks_late=True, ignore_result=True)

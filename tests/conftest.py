@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from tests.support.processes import ApiServer, ManagedProcess, start_worker
-from tests.support.stack import Stack, start_stack
+from testbed.processes import ApiServer, ManagedProcess, start_worker
+from testbed.stack import Stack, start_stack
 
 
 @pytest.fixture(scope="session")

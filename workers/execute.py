@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
+from tenacity import Retrying, retry_if_exception_type, stop_before_delay, wait_exponential
 
 from app import usage
 from app.broker.topology import DEAD_LETTER_EXCHANGE, JOBS_EXCHANGE, dead_letter_queue_name
@@ -60,10 +61,18 @@ class Verdict(StrEnum):
 class Outcome:
     verdict: Verdict
     reason: str
-    generated: bool = False
 
 
-def execute_job(rt: WorkerRuntime, raw_payload: Any, *, redelivered: bool) -> Outcome:
+def execute_job(
+    rt: WorkerRuntime,
+    raw_payload: Any,
+    *,
+    redelivered: bool,
+    open_permits: Callable[[str], Any] | None = None,
+) -> Outcome:
+    """Run the job this message starts. `open_permits(queue)` (a workers.batch.PermitSource
+    factory), where given, lets a batching model's job take further compatible messages
+    of its queue into one pipeline call (docs/batching.md)."""
     try:
         payload = parse_payload(raw_payload)
     except InvalidPayload as exc:
@@ -104,6 +113,12 @@ def execute_job(rt: WorkerRuntime, raw_payload: Any, *, redelivered: bool) -> Ou
         else "",
         extra=log_extra,
     )
+    model = rt.models.get(claim.job.model)
+    if open_permits is not None and model is not None and batchable(model.spec, claim.job):
+        from workers.batch import execute_batch
+
+        with job_context(**log_extra):
+            return execute_batch(rt, claim.job, model, open_permits)
     rt.start_job(claim.job.id)
     held_since = time.perf_counter()
     try:
@@ -112,6 +127,11 @@ def execute_job(rt: WorkerRuntime, raw_payload: Any, *, redelivered: bool) -> Ou
     finally:
         rt.end_job()
         WORKER_BUSY.labels(rt.name).inc(time.perf_counter() - held_since)
+
+
+def batchable(spec: Any, job: Job) -> bool:
+    """Whether this job may gather others into a batch (its model batches at its size)."""
+    return spec.batches(int(job.input["width"]), int(job.input["height"]))
 
 
 def _claim(
@@ -182,18 +202,20 @@ def _record(rt: WorkerRuntime, write: Callable[[Session], T]) -> T:
     restarted would waste a GPU run. If the database stays away, the error propagates and
     the task hands the message back rather than ack an unrecorded outcome.
     """
-    deadline = time.monotonic() + rt.settings.db_retry_seconds
-    delay = 0.5
-    while True:
-        try:
-            with rt.db.session() as session:
-                return write(session)
-        except OperationalError as exc:
-            if time.monotonic() + delay > deadline:
-                raise
-            log.warning("database unavailable (%s); retrying in %.1fs", type(exc).__name__, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    for attempt in Retrying(
+        retry=retry_if_exception_type(OperationalError),
+        wait=wait_exponential(multiplier=0.5, max=5.0),  # 0.5 s, 1, 2, 4, then 5 s apart
+        stop=stop_before_delay(rt.settings.db_retry_seconds),  # no sleep past the deadline
+        before_sleep=lambda state: log.warning(
+            "database unavailable (%s); retrying in %.1fs",
+            type(state.outcome.exception()).__name__,
+            state.upcoming_sleep,
+        ),
+        reraise=True,
+    ):
+        with attempt, rt.db.session() as session:
+            return write(session)
+    raise AssertionError("not reached: the last attempt returns or raises")
 
 
 def _fail(rt: WorkerRuntime, job: Job, code: ErrorCode, message: str) -> Outcome:
@@ -268,31 +290,16 @@ def _generate_and_store(
         pipeline_started = time.perf_counter()
         output = generate(model.pipeline, params, device=model.device, on_step=reporter.step)
         generated = time.perf_counter()
-        outcome = {
-            "charge": usage.Charge(
-                generated - pipeline_started, device_name(model.device), len(output.images)
-            ),
-            "manifest": job_manifest(
-                model.manifest or {},
-                job_scheduler(model.pipeline, params.get("scheduler", "default")),
-                int(params["seed"]),
-            ),
-            # The cache key from the weights this worker ran, not the ones the API assumed.
-            "cache_key": cache_key(model.digest, params)
-            if job.cache_key and model.digest
-            else None,
-        }
-        if all(output.nsfw):
-            return _fail(
-                rt,
-                job,
-                ErrorCode.CONTENT_FILTERED,
-                "the model's safety checker blacked out every image",
-            )
-        if rt.postprocessor is None:
-            reporter.stage("uploading", steps, steps)
-            return _finish(rt, job, output, outcome, (started, generated, reporter.writes))
-        return _finish_later(rt, job, output, outcome, (started, generated), reporter, renew)
+        return _store(
+            rt,
+            job,
+            model,
+            output,
+            reporter,
+            renew,
+            (started, generated),
+            generated - pipeline_started,
+        )
     except Interrupted:
         return _stopped(rt, job, reporter.last_step)
     except SoftTimeLimitExceeded:
@@ -309,6 +316,45 @@ def _generate_and_store(
     # never retried with the same parameters.
     _free_accelerator_memory()
     return _fail(rt, job, ErrorCode.GPU_OOM, "out of memory; retry with a smaller size or batch")
+
+
+def _store(
+    rt: WorkerRuntime,
+    job: Job,
+    model: LoadedModel,
+    output: Generation,
+    reporter: ProgressReporter,
+    renew: Callable[[], bool],
+    timing: tuple[float, float],
+    gpu_seconds: float,
+) -> Outcome:
+    """Record a generated job: encode, upload and record it inline or hand it over.
+
+    `gpu_seconds` is the job's share of the pipeline call (all of it, unless batched).
+    """
+    params = job.input
+    steps = int(params["steps"])
+    outcome = {
+        "charge": usage.Charge(gpu_seconds, device_name(model.device), len(output.images)),
+        "manifest": job_manifest(
+            model.manifest or {},
+            job_scheduler(model.pipeline, params.get("scheduler", "default")),
+            int(params["seed"]),
+        ),
+        # The cache key from the weights this worker ran, not the ones the API assumed.
+        "cache_key": cache_key(model.digest, params) if job.cache_key and model.digest else None,
+    }
+    if all(output.nsfw):
+        return _fail(
+            rt,
+            job,
+            ErrorCode.CONTENT_FILTERED,
+            "the model's safety checker blacked out every image",
+        )
+    if rt.postprocessor is None:
+        reporter.stage("uploading", steps, steps)
+        return _finish(rt, job, output, outcome, (*timing, reporter.writes))
+    return _finish_later(rt, job, output, outcome, timing, reporter, renew)
 
 
 def _finish(
@@ -364,7 +410,7 @@ def _finish_later(
             lease.close()
 
     rt.postprocessor.submit(work)
-    return Outcome(Verdict.ACK, "generated; encode, upload and record handed over", True)
+    return Outcome(Verdict.ACK, "generated; encode, upload and record handed over")
 
 
 def _dead_letter_copy(job: Job, reason: str) -> None:
@@ -430,7 +476,7 @@ def _succeeded(
     elapsed = time.perf_counter() - started
     if not recorded:
         log.warning("job %s finished but is no longer held; result not recorded", job.id)
-        return Outcome(Verdict.ACK, "finished but no longer held", generated=True)
+        return Outcome(Verdict.ACK, "finished but no longer held")
     JOBS_FINISHED.labels(job.model, "succeeded", "").inc()
     GENERATION_DURATION.labels(job.model, str(steps)).observe(generated - started)
     STEP_DURATION.labels(job.model).observe((generated - started) / max(1, steps))
@@ -443,7 +489,7 @@ def _succeeded(
         progress_writes,
         extra={"job_id": str(job.id)},
     )
-    return Outcome(Verdict.ACK, "succeeded", generated=True)
+    return Outcome(Verdict.ACK, "succeeded")
 
 
 def _stopped(rt: WorkerRuntime, job: Job, step: int) -> Outcome:
@@ -455,10 +501,10 @@ def _stopped(rt: WorkerRuntime, job: Job, step: int) -> Outcome:
             log.warning(
                 "job %s handed back at step %s: worker shutting down", job.id, step, extra=extra
             )
-            return Outcome(Verdict.REQUEUE, "handed back: worker shutting down", generated=True)
+            return Outcome(Verdict.REQUEUE, "handed back: worker shutting down")
     # Canceled, taken over by a redelivery, or reaped: the row already says which.
     log.info("job %s stopped at step %s: no longer held (canceled?)", job.id, step, extra=extra)
-    return Outcome(Verdict.ACK, "stopped: job no longer held", generated=True)
+    return Outcome(Verdict.ACK, "stopped: job no longer held")
 
 
 def _encode_and_upload(

@@ -7,18 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-SCHEDULER_CLASSES = {
-    "ddim": "DDIMScheduler",
-    "euler": "EulerDiscreteScheduler",
-    "euler_a": "EulerAncestralDiscreteScheduler",
-    "dpm++": "DPMSolverMultistepScheduler",
-    "pndm": "PNDMScheduler",
-    "lms": "LMSDiscreteScheduler",  # needs scipy (the worker extra)
-    "lcm": "LCMScheduler",  # few-step models (LCM, LCM-LoRA): 2 to 8 steps, low guidance
-}
-# PNDM's Runge-Kutta warm-up needs more steps than a job may ask for (it fails below 4);
-# Stable Diffusion's own PNDM configuration skips it.
-SCHEDULER_OPTIONS: dict[str, dict] = {"pndm": {"skip_prk_steps": True}}
+from app.rules import SCHEDULERS
 
 
 class Interrupted(Exception):
@@ -41,10 +30,10 @@ def job_scheduler(pipeline: Any, scheduler_name: str) -> Any:
     import diffusers
 
     config = pipeline.scheduler.config
-    if scheduler_name == "default":
+    scheduler = SCHEDULERS[scheduler_name]  # app/rules.py: the names a request may give
+    if scheduler.class_name is None:
         return type(pipeline.scheduler).from_config(config)
-    cls = getattr(diffusers, SCHEDULER_CLASSES[scheduler_name])
-    return cls.from_config(config, **SCHEDULER_OPTIONS.get(scheduler_name, {}))
+    return getattr(diffusers, scheduler.class_name).from_config(config, **scheduler.options)
 
 
 @dataclass(frozen=True)

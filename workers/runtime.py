@@ -9,13 +9,14 @@ import threading
 import uuid
 from dataclasses import dataclass, field, replace
 
-from app.catalog import Catalog, load_catalog
+from app.catalog import Catalog
 from app.config import Settings
 from app.db.session import Database
 from app.jobs.cache import record_model_digest
 from app.jobs.listener import Listener
 from app.jobs.notify import CANCEL_CHANNEL
-from app.storage import Storage, open_storage
+from app.services import Services
+from app.storage import Storage
 from workers.devices import configure_cpu_threads, select_device
 from workers.pipelines import LoadedModel, load_model, warm_up
 from workers.postprocess import PostProcessor
@@ -41,6 +42,9 @@ class WorkerRuntime:
     hand_back_requested: threading.Event = field(default_factory=threading.Event)
     # Encodes, uploads and records finished jobs while the GPU runs the next (None: inline).
     postprocessor: PostProcessor | None = None
+    # The jobs of a running batch (workers/batch.py), each with its own stop flag: a cancel
+    # takes that job out of the batch at the next step, the others go on.
+    batch_stops: dict[uuid.UUID, threading.Event] = field(default_factory=dict)
 
     def start_job(self, job_id: uuid.UUID) -> None:
         self.current_job = job_id
@@ -55,11 +59,16 @@ class WorkerRuntime:
     def on_cancel(self, _channel: str | None, payload: str | None) -> None:
         if payload is not None and payload == str(self.current_job):
             self.stop_requested.set()
+        for job_id, stop in list(self.batch_stops.items()):
+            if payload == str(job_id):
+                stop.set()
 
     def request_hand_back(self) -> None:
         """Stop the current job at its next step and return it to the queue."""
         self.hand_back_requested.set()
         self.stop_requested.set()
+        for stop in list(self.batch_stops.values()):
+            stop.set()
 
 
 def served_models(catalog: Catalog, queues: list[str]) -> list[str]:
@@ -67,9 +76,11 @@ def served_models(catalog: Catalog, queues: list[str]) -> list[str]:
     return [spec.name for spec in catalog.models_for_queues(queues)]
 
 
-def build_runtime(settings: Settings, queues: list[str]) -> WorkerRuntime:
-    """Load and warm every served model; raises ModelLoadError on the first that fails."""
-    catalog = load_catalog(settings)
+def build_runtime(services: Services, queues: list[str]) -> WorkerRuntime:
+    """Load and warm every served model; raises ModelLoadError on the first that fails.
+    `services` is the pool process's root (its database pool: main thread, progress
+    writer, lease keepers, post-processing threads: 2 + DIFFQ_POSTPROCESS_DEPTH)."""
+    settings, catalog = services.settings, services.catalog
     device = select_device(settings.device)
     if device == "cpu":
         configure_cpu_threads()
@@ -100,9 +111,8 @@ def build_runtime(settings: Settings, queues: list[str]) -> WorkerRuntime:
     runtime = WorkerRuntime(
         settings=settings,
         catalog=catalog,
-        # Main thread, progress writer, lease keepers, post-processing threads.
-        db=Database(settings.database_url, pool_size=2 + settings.postprocess_depth),
-        storage=open_storage(settings),
+        db=services.db,
+        storage=services.storage,
         models=models,
         device=device,
         owner=owner,

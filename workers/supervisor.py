@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.catalog import Catalog
-from app.config import load_settings
+from app.config import Settings, load_settings
 from app.metrics import multiproc
 from workers import metrics as worker_metrics
 
 # sysexits EX_CONFIG: what `diffq worker` returns when a worker's models cannot load.
 EXIT_MODEL_LOAD = 78
-# tasks/worker_boot.py writes its reason here when no restart can cure it (same name there).
+# tasks/boot/common.py writes its reason here when no restart can cure it (same name there).
 FATAL_MARKER_ENV = "DIFFQ_WORKER_FATAL_FILE"
 
 log = logging.getLogger(__name__)
@@ -201,6 +201,7 @@ def run_workers(
     grace: float = 700.0,
     policy: RestartPolicy | None = None,
     command: Callable[[str, Sequence[str], str], list[str]] = worker_command,
+    settings: Settings | None = None,
 ) -> int:
     """Start one worker per GPU, restart each alone when it crashes, relay stop signals.
 
@@ -212,7 +213,7 @@ def run_workers(
     policy = policy or RestartPolicy()
     plan = [(f"{name or 'gpu'}{gpu}", gpu) for gpu in gpus] or [(name or "cpu", "")]
     group = ProcessGroup()
-    settings = load_settings()
+    settings = settings or load_settings()  # `diffq worker` passes its root's
     markers = Path(tempfile.mkdtemp(prefix="diffq-worker-"))
     slots = [
         Slot(node, gpu, _slot_env(settings, node, gpu, index))

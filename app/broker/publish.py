@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 
 class Publisher:
-    """Publishes job messages with the Celery app from `tasks` (imported on first use)."""
+    """Publishes job messages with the Celery app it is given (the root's), or one of its
+    own (app/broker/celery.py) built on first use."""
 
     def __init__(
         self,
@@ -34,11 +35,13 @@ class Publisher:
         timeout: float = 2.0,
         celery_app=None,
         pause_after_failure: float = 0.0,
+        queue_type: str | None = None,
     ) -> None:
         self.catalog = catalog
         self.embedded = embedded
         self.timeout = timeout
         self._celery = celery_app
+        self.queue_type = queue_type  # None: read from the environment when declaring
         self._declared = False
         # After a failed publish, skip trying for this long (the relay has the job): a
         # broker outage must not add a connect timeout to every submit.
@@ -48,9 +51,9 @@ class Publisher:
     @property
     def celery(self):
         if self._celery is None:
-            from tasks.celery_app import app
+            from app.broker.celery import create_celery
 
-            self._celery = app
+            self._celery = create_celery()
         return self._celery
 
     def _ensure_topology(self) -> None:
@@ -58,7 +61,7 @@ class Publisher:
             return
         with self.celery.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=self.timeout)
-            declare_topology(conn, [*self.catalog.queues, WEBHOOK_QUEUE])
+            declare_topology(conn, [*self.catalog.queues, WEBHOOK_QUEUE], self.queue_type)
         self._declared = True
 
     def publish_webhook(self, event_id) -> bool:

@@ -53,9 +53,12 @@ def dead_letter_queue(name: str, kind: str | None = None) -> Queue:
     )
 
 
-def declare_topology(connection: Connection, queues: Iterable[str]) -> None:
-    """Declare each work queue and its DLQ (a dead-lettered message needs its DLQ to exist)."""
+def declare_topology(
+    connection: Connection, queues: Iterable[str], kind: str | None = None
+) -> None:
+    """Declare each work queue and its DLQ (a dead-lettered message needs its DLQ to exist);
+    `kind`: the settings' queue_type (default: read from the environment)."""
     channel = connection.default_channel
     for name in queues:
-        dead_letter_queue(name)(channel).declare()
-        work_queue(name)(channel).declare()
+        dead_letter_queue(name, kind)(channel).declare()
+        work_queue(name, kind)(channel).declare()

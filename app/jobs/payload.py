@@ -1,4 +1,10 @@
-"""The versioned task message: {"v": 1, "job_id": …, "tenant": …, "params": {…}}."""
+"""The versioned task message: ids only, {"v": 2, "job_id": …, "tenant": …}.
+
+The worker reads everything else from the job row, which is the truth (and may have
+moved on since the publish). Version 1 also carried the request as "params"; such a
+message, still queued when the workers are upgraded, is run the same way (its params
+are ignored).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,8 @@ from typing import Any
 
 from app.db.models import Job
 
-PAYLOAD_VERSION = 1
+PAYLOAD_VERSION = 2
+ACCEPTED_VERSIONS = (1, 2)  # 1: {"v": 1, …, "params": {…}}, published before version 2
 GENERATE_TASK = "diffq.generate"
 DELIVER_WEBHOOK_TASK = "diffq.deliver_webhook"  # args: [event id]
 
@@ -25,16 +32,10 @@ class InvalidPayload(ValueError):
 class TaskPayload:
     job_id: uuid.UUID
     tenant: uuid.UUID
-    params: dict[str, Any]
 
 
 def build_payload(job: Job) -> dict[str, Any]:
-    return {
-        "v": PAYLOAD_VERSION,
-        "job_id": str(job.id),
-        "tenant": str(job.tenant_id),
-        "params": job.input,
-    }
+    return {"v": PAYLOAD_VERSION, "job_id": str(job.id), "tenant": str(job.tenant_id)}
 
 
 def _uuid(raw: Any, name: str, job_id: uuid.UUID | None = None) -> uuid.UUID:
@@ -49,11 +50,6 @@ def parse_payload(raw: Any) -> TaskPayload:
         raise InvalidPayload(f"payload is a {type(raw).__name__}, not an object")
     job_id = _uuid(raw.get("job_id"), "job_id")
     version = raw.get("v")
-    if version != PAYLOAD_VERSION:
+    if version not in ACCEPTED_VERSIONS:
         raise InvalidPayload(f"unsupported payload version {version!r}", job_id)
-    params = raw.get("params")
-    if not isinstance(params, dict):
-        raise InvalidPayload("params is not an object", job_id)
-    return TaskPayload(
-        job_id=job_id, tenant=_uuid(raw.get("tenant"), "tenant", job_id), params=params
-    )
+    return TaskPayload(job_id=job_id, tenant=_uuid(raw.get("tenant"), "tenant", job_id))

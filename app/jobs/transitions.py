@@ -1,6 +1,7 @@
 """The lifecycle's state changes: each a conditional UPDATE from the expected state.
 
-Every change bumps `jobs.version` and notifies watchers on commit.
+Every change bumps `jobs.version`, notifies watchers on commit, and is told to the
+change listeners (app/jobs/changes.py) in its own transaction.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from sqlalchemy.orm import Session
 from app import usage
 from app.db.models import Job
 from app.db.types import utcnow
+from app.jobs import changes
 from app.jobs.notify import CANCEL_CHANNEL, JOB_CHANNEL, job_changed_payload, notify
 from app.jobs.states import ErrorCode, JobStatus
-from app.webhooks import events as webhooks
 
 
 def relaxed_commit(session: Session) -> None:
@@ -37,7 +38,9 @@ def progress_of(stage: str, step: int = 0, total_steps: int = 0) -> dict[str, An
 
 
 def change(session: Session, job_id: uuid.UUID, *conditions: ColumnElement, **values) -> bool:
-    """UPDATE the job if `conditions` hold; bump its version and notify. True if it changed."""
+    """UPDATE the job if `conditions` hold; bump its version, notify, and tell the change
+    listeners in this transaction (their writes commit with the change or not at all).
+    True if it changed."""
     row = session.execute(
         update(Job)
         .where(Job.id == job_id, *conditions)
@@ -49,16 +52,17 @@ def change(session: Session, job_id: uuid.UUID, *conditions: ColumnElement, **va
     queue, webhook_url, webhook_events = row
     moved = "status" in values or "publish_priority" in values
     notify(session, JOB_CHANNEL, job_changed_payload(job_id, queue, moved))
-    if webhook_url:
-        # The event commits with the change or not at all: none lost, none invented.
-        status = values.get("status")
-        webhooks.record(
-            session,
-            job_id,
-            status=status.value if isinstance(status, JobStatus) else None,
+    status = values.get("status")
+    changes.emit(
+        session,
+        changes.JobChange(
+            job_id=job_id,
+            status=status if isinstance(status, JobStatus) else None,
             progressed="progress" in values,
+            webhook_url=webhook_url,
             webhook_events=webhook_events,
-        )
+        ),
+    )
     return True
 
 

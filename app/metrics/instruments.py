@@ -58,6 +58,18 @@ STEP_DURATION = Histogram(
     ["model"],
     buckets=STEP_BUCKETS,
 )
+BATCH_SIZE = Histogram(
+    "diffq_batch_size",
+    "Jobs in one pipeline call of a batching model (dynamic batching), by model",
+    ["model"],
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32),
+)
+BATCH_WAIT = Histogram(
+    "diffq_batch_wait_seconds",
+    "Time a batching model's first job waited for compatible jobs to fill its batch",
+    ["model"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
 WORKER_BUSY = Counter(
     "diffq_worker_busy_seconds",
     "Seconds a worker spent holding a job; its rate is the worker's busy fraction",

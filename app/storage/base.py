@@ -21,8 +21,6 @@ class StorageUnavailable(StorageError):
 
 
 class Storage(Protocol):
-    kind: str
-
     def put(self, key: str, data: bytes, content_type: str) -> None:
         """Write an object whole (overwriting: keys are deterministic)."""
 

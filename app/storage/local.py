@@ -21,8 +21,6 @@ def _signature(secret_key: str, key: str, expires: int) -> str:
 
 
 class LocalStorage:
-    kind = "local"
-
     def __init__(self, *, root: str | Path, secret_key: str) -> None:
         self.root = Path(root)
         self.secret_key = secret_key

@@ -1,4 +1,5 @@
-"""Bounded retries with jittered exponential backoff for store writes."""
+"""Bounded retries with jittered exponential backoff for store writes (tenacity runs the
+loop; the delays are ours: equal jitter, for the outage budget below)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import logging
 import random
 import time
 from collections.abc import Callable
+
+from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from app.storage.base import Storage, StorageError, StorageUnavailable
 
@@ -42,17 +45,23 @@ def put_with_retry(
 ) -> int:
     """Upload, retrying transient errors; returns the number of retries it took."""
     delays = backoff_delays(retries, backoff, backoff_max)
-    tries = 0
-    while True:
-        try:
-            storage.put(key, data, content_type)
-            return tries
-        except StorageError as exc:
-            delay = next(delays, None) if exc.transient else None
-            if delay is None:
-                raise StorageUnavailable(
-                    f"upload of {key} failed after {tries + 1} attempt(s): {exc}"
-                ) from exc
-            tries += 1
-            log.warning("upload of %s failed (%s); retry %d in %.2fs", key, exc, tries, delay)
-            sleep(delay)
+    retrying = Retrying(
+        retry=retry_if_exception(lambda exc: isinstance(exc, StorageError) and exc.transient),
+        stop=stop_after_attempt(retries + 1),
+        wait=lambda _state: next(delays, 0.0),  # tenacity asks before it checks `stop`
+        sleep=sleep,
+        before_sleep=lambda state: log.warning(
+            "upload of %s failed (%s); retry %d in %.2fs",
+            key,
+            state.outcome.exception(),
+            state.attempt_number,
+            state.upcoming_sleep,
+        ),
+        reraise=True,
+    )
+    try:
+        retrying(storage.put, key, data, content_type)
+    except StorageError as exc:
+        tries = retrying.statistics["attempt_number"]
+        raise StorageUnavailable(f"upload of {key} failed after {tries} attempt(s): {exc}") from exc
+    return retrying.statistics["attempt_number"] - 1

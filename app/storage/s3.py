@@ -28,8 +28,6 @@ def _translate(exc: Exception, action: str) -> StorageError:
 
 
 class S3Storage:
-    kind = "s3"
-
     def __init__(
         self,
         *,

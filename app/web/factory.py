@@ -6,24 +6,21 @@ from flask import Flask
 from flask_smorest import Api
 
 from app import logs
-from app.broker.publish import Publisher
-from app.catalog import load_catalog
 from app.config import Settings, load_settings
-from app.db.session import Database
-from app.storage import open_storage
 from app.web.body_limit import BodyLimit
 from app.web.errors import register_error_handlers
 from app.web.metrics import install as install_metrics
 from app.web.model_bounds import declare as declare_model_bounds
 from app.web.openapi import spec_options
 from app.web.services import Services, close_request_session
-from app.web.watch import JobWatcher
 
 
-def create_app(settings: Settings | None = None) -> Flask:
+def create_app(settings: Settings | None = None, *, celery=None) -> Flask:
+    """The API, wired by its process's root (app/services.py): a gunicorn worker builds
+    one app, so one root. `settings` (tests, tools) stands in for the environment's."""
     settings = settings or load_settings()
+    svc = Services(settings, celery=celery, publish_pause=settings.relay_after)
     logs.configure(settings.log_level, settings.log_format)
-    catalog = load_catalog(settings)
     app = Flask("diffq")
     app.config.update(
         API_TITLE="diffq",
@@ -35,20 +32,9 @@ def create_app(settings: Settings | None = None) -> Flask:
         MAX_CONTENT_LENGTH=settings.max_body_bytes,
     )
     app.json.sort_keys = False
-    db = Database(settings.database_url)
-    app.extensions["diffq"] = Services(
-        settings=settings,
-        catalog=catalog,
-        db=db,
-        storage=open_storage(settings),
-        publisher=Publisher(
-            catalog,
-            embedded=settings.embedded,
-            timeout=settings.publish_timeout,
-            pause_after_failure=settings.relay_after,
-        ),
-        watcher=JobWatcher(db),
-    )
+    # Opened now, not on a first request that many threads may share.
+    svc.catalog, svc.db, svc.storage, svc.publisher, svc.watcher  # noqa: B018
+    app.extensions["diffq"] = svc
     api = Api(app)
     from app.web.resources.files.routes import blp as files_blp
     from app.web.resources.health.routes import blp as health_blp
@@ -75,9 +61,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     for blueprint in blueprints:
         api.register_blueprint(blueprint)
     app.register_blueprint(ui_blp)  # the page and /docs: HTML, not part of the API document
-    declare_model_bounds(api.spec, catalog)
+    declare_model_bounds(api.spec, svc.catalog)
     register_error_handlers(app, api)
-    install_metrics(app, app.extensions["diffq"])
+    install_metrics(app, svc)
     app.teardown_appcontext(close_request_session)
     app.wsgi_app = BodyLimit(app.wsgi_app, settings.max_body_bytes)
     return app

@@ -58,6 +58,7 @@ def bounds(catalog: Catalog) -> dict[str, dict[str, Any]]:
                 lambda m, attr=attr: (
                     f"multiple of {m.size_multiple}, {m.min_size}..{getattr(m, attr)}, "
                     f"width x height <= {m.max_pixels}"
+                    + (f", WIDTHxHEIGHT one of {', '.join(m.sizes)}" if m.sizes_required else "")
                 ),
             ),
         }

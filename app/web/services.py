@@ -1,28 +1,20 @@
-"""What the API's views need, built once by the factory and kept on the Flask app."""
+"""The API's views reach the process's root (app/services.py) through the Flask app."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from flask import current_app, g
 from sqlalchemy.orm import Session
 
-from app.broker.publish import Publisher
-from app.catalog import Catalog
-from app.config import Settings
-from app.db.session import Database
-from app.storage import Storage
+from app import services as root
 from app.web.watch import JobWatcher
 
 
-@dataclass
-class Services:
-    settings: Settings
-    catalog: Catalog
-    db: Database
-    storage: Storage
-    publisher: Publisher
-    watcher: JobWatcher
+class Services(root.Services):
+    """The root, plus what only the API holds: the LISTEN/NOTIFY watcher of its streams."""
+
+    @root.resource
+    def watcher(self) -> JobWatcher:
+        return JobWatcher(self.db)
 
 
 def services() -> Services:

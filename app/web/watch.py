@@ -63,11 +63,6 @@ class JobWatcher:
         self._started = False
         self._versions: dict[uuid.UUID, int] = {}
 
-    @property
-    def open_streams(self) -> int:
-        with self._lock:
-            return sum(len(subs) for subs in self._by_job.values())
-
     def subscribe(self, job_id: uuid.UUID) -> Subscription:
         self._ensure_started()
         sub = Subscription(self, job_id)

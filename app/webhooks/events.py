@@ -1,4 +1,8 @@
-"""Which events a job's webhook gets, recorded in the transaction of the change itself."""
+"""Which events a job's webhook gets, recorded in the transaction of the change itself.
+
+Importing this module subscribes `record_change` to every job change of the process
+(app/jobs/changes.py): each process that changes jobs imports it at its entry point.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from sqlalchemy.orm import Session
 from app.db.models import WebhookEvent
 from app.db.types import utcnow
 from app.ids import uuid7
+from app.jobs.changes import JobChange, on_change
 
 EVENT_TYPES = ("job.running", "job.progress", "job.succeeded", "job.failed", "job.canceled")
 DEFAULT_EVENTS = ("job.succeeded", "job.failed", "job.canceled")
@@ -79,6 +84,19 @@ def record(
                     attempts=0,
                 )
             )
+
+
+@on_change
+def record_change(session: Session, change: JobChange) -> None:
+    """The change listener: a job with a webhook gets the events its change causes."""
+    if change.webhook_url:
+        record(
+            session,
+            change.job_id,
+            status=change.status.value if change.status is not None else None,
+            progressed=change.progressed,
+            webhook_events=change.webhook_events,
+        )
 
 
 def due(session: Session, *, lease_seconds: float, limit: int = 200) -> list[uuid.UUID]:

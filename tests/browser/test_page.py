@@ -9,7 +9,7 @@ import pytest
 import requests
 from PIL import Image
 
-from tests.support.jobs import auth
+from testbed.jobs import auth
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed: pip install -e '.[test]'"

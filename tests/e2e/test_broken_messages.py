@@ -9,8 +9,8 @@ import uuid
 import pytest
 from kombu import Connection
 
-from tests.support.jobs import submit, wait_terminal
-from tests.support.services import queue_state
+from testbed.jobs import submit, wait_terminal
+from testbed.services import queue_state
 
 pytestmark = pytest.mark.services
 
@@ -69,3 +69,64 @@ def test_broken_messages_are_dead_lettered_or_discarded_and_the_worker_goes_on(
     dead_after, _ = queue_state(stack.broker_url, dlq)
     print(f"\nbroken messages: {dead_after - dead_before} dead-lettered, the rest logged")
     assert dead_after - dead_before >= 2  # the wrong version and the string payload
+
+
+def test_a_version_1_message_from_before_an_upgrade_runs_its_job_from_the_row(
+    worker, tenant_key, db, stack
+):
+    """Version 1 messages carried the request as `params`: one still queued when the
+    workers are upgraded runs the job as its row says, whatever its params say."""
+    from sqlalchemy import select
+
+    from app.db.models import ApiKey, Job
+    from app.db.types import utcnow
+    from app.jobs.service import create_job
+    from app.jobs.states import JobStatus, Priority
+    from testbed.waiting import wait_until
+
+    row_input = {
+        "prompt": "from the row",
+        "negative_prompt": None,
+        "model": "tiny",
+        "width": 64,
+        "height": 64,
+        "steps": 2,
+        "guidance_scale": 7.5,
+        "seed": 5,
+        "num_images": 1,
+        "scheduler": "default",
+        "output_format": "png",
+        "priority": "normal",
+    }
+    key_id = tenant_key.split("_")[1]
+    with db.session() as session:
+        tenant_id = session.scalar(select(ApiKey.tenant_id).where(ApiKey.key_id == key_id))
+        job = create_job(
+            session,
+            tenant_id,
+            model="tiny",
+            queue=QUEUE,
+            priority=Priority.NORMAL,
+            params=row_input,
+            metadata=None,
+        )
+        job.published_at = utcnow()  # its message is the one below: no second publish
+        job_id = str(job.id)
+    message = {
+        "v": 1,
+        "job_id": job_id,
+        "tenant": str(tenant_id),
+        "params": {**row_input, "prompt": "from the message", "steps": 9},
+    }
+    with Connection(stack.broker_url) as conn:
+        _celery_message(conn, _args(message))
+
+    def finished():
+        with db.session() as session:
+            row = session.get(Job, job.id)
+            return row if row.status.terminal else None
+
+    row = wait_until(finished, timeout=60)
+    assert row.status == JobStatus.SUCCEEDED, (row.error_code, row.error_message)
+    assert row.input["prompt"] == "from the row"
+    assert row.progress["total_steps"] == 2  # the row's steps ran, not the message's 9

@@ -8,7 +8,7 @@ import time
 import pytest
 import requests
 
-from tests.support.jobs import auth, submit, wait_terminal
+from testbed.jobs import auth, submit, wait_terminal
 
 pytestmark = pytest.mark.services
 

@@ -8,9 +8,9 @@ from datetime import datetime
 import pytest
 import requests
 
-from tests.support.jobs import auth, submit, wait_terminal
-from tests.support.processes import start_worker
-from tests.support.waiting import wait_until
+from testbed.jobs import auth, submit, wait_terminal
+from testbed.processes import start_worker
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
 

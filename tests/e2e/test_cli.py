@@ -15,7 +15,7 @@ pytestmark = pytest.mark.services
 def diffq(api_server, key, *args, timeout=120) -> subprocess.CompletedProcess:
     env = {"DIFFQ_URL": api_server.url, "DIFFQ_API_KEY": key, "PATH": "/usr/bin:/bin"}
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
+        [sys.executable, "-m", "cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -101,7 +101,7 @@ def test_bad_input_is_reported_plainly(api_server, tenant_key):
     assert result.returncode == 2
     assert "HTTP 422" in result.stderr and "steps" in result.stderr
     no_key = subprocess.run(
-        [sys.executable, "-m", "app.cli", "jobs", "list", "--url", api_server.url],
+        [sys.executable, "-m", "cli", "jobs", "list", "--url", api_server.url],
         capture_output=True,
         text=True,
         env={"PATH": "/usr/bin:/bin"},

@@ -11,7 +11,7 @@ import time
 import pytest
 import requests
 
-from tests.support.jobs import auth
+from testbed.jobs import auth
 
 pytestmark = pytest.mark.services
 

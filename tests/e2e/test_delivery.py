@@ -8,9 +8,9 @@ import uuid
 import pytest
 import requests
 
-from tests.support.jobs import auth, submit, wait_terminal
-from tests.support.processes import start_worker
-from tests.support.services import queue_state
+from testbed.jobs import auth, submit, wait_terminal
+from testbed.processes import start_worker
+from testbed.services import queue_state
 
 pytestmark = pytest.mark.services
 

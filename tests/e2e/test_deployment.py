@@ -25,8 +25,8 @@ import requests
 import yaml
 from standardwebhooks.webhooks import Webhook
 
-from tests.support import services
-from tests.support.deployment import (
+from testbed import services
+from testbed.deployment import (
     DEPLOY,
     SECRET_KEYS,
     LocalRole,
@@ -35,10 +35,10 @@ from tests.support.deployment import (
     kustomize,
     localize,
 )
-from tests.support.faultproxy import FaultProxy
-from tests.support.jobs import auth, submit, wait_terminal
-from tests.support.processes import ManagedProcess
-from tests.support.receiver import Receiver
+from testbed.faultproxy import FaultProxy
+from testbed.jobs import auth, submit, wait_terminal
+from testbed.processes import ManagedProcess
+from testbed.receiver import Receiver
 
 pytestmark = pytest.mark.services
 
@@ -128,7 +128,7 @@ def _liveness_url(role: LocalRole) -> str:
 
 def _cli(role: LocalRole, *args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
+        [sys.executable, "-m", "cli", *args],
         env=role.env,
         capture_output=True,
         text=True,

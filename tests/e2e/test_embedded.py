@@ -15,8 +15,8 @@ import requests
 from PIL import Image
 
 from app.catalog import tiny_spec
-from tests.support.jobs import auth, submit, wait_terminal
-from tests.support.ports import free_port
+from testbed.jobs import auth, submit, wait_terminal
+from testbed.ports import free_port
 
 
 def _clean_env(home) -> dict[str, str]:
@@ -63,7 +63,7 @@ def test_diffq_up_runs_a_job_end_to_end_without_servers(tmp_path):
     log_path = tmp_path / "up.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "up", "--bind", f"127.0.0.1:{port}"],
+            [sys.executable, "-m", "cli", "up", "--bind", f"127.0.0.1:{port}"],
             env=_clean_env(tmp_path),
             stdout=log,
             stderr=subprocess.STDOUT,

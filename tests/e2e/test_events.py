@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import requests
 
-from tests.support.jobs import auth, submit, wait_terminal
-from tests.support.sse import read_stream
+from testbed.jobs import auth, submit, wait_terminal
+from testbed.sse import read_stream
 
 pytestmark = pytest.mark.services
 

@@ -8,7 +8,7 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from tests.support.jobs import auth, submit, wait_terminal
+from testbed.jobs import auth, submit, wait_terminal
 
 pytestmark = pytest.mark.services
 

@@ -10,8 +10,8 @@ import pytest
 import requests
 from sqlalchemy import func, select
 
-from tests.support.jobs import auth, submit, wait_terminal
-from tests.support.processes import start_worker
+from testbed.jobs import auth, submit, wait_terminal
+from testbed.processes import start_worker
 
 pytestmark = pytest.mark.services
 

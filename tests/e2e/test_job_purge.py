@@ -10,9 +10,9 @@ import pytest
 import requests
 from sqlalchemy import func, select
 
-from tests.support.jobs import auth, submit, wait_terminal
-from tests.support.processes import ManagedProcess
-from tests.support.waiting import wait_until
+from testbed.jobs import auth, submit, wait_terminal
+from testbed.processes import ManagedProcess
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
 
@@ -50,7 +50,7 @@ def test_the_relay_purges_finished_jobs_and_their_webhook_rows(
 
     relay = ManagedProcess(
         "relay-purge",
-        [sys.executable, "-m", "app.cli", "relay", "--interval", "0.3"],
+        [sys.executable, "-m", "cli", "relay", "--interval", "0.3"],
         {**stack.env, "DIFFQ_RESULT_RETENTION": "1", "DIFFQ_JOB_RETENTION": "2"},
         stack.logs,
     ).start()

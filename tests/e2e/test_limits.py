@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from tests.support.jobs import auth
-from tests.support.processes import ApiServer, ManagedProcess
-from tests.support.waiting import wait_until
+from testbed.jobs import auth
+from testbed.processes import ApiServer, ManagedProcess
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
 
@@ -34,7 +34,7 @@ def limited(stack):
     api = ApiServer(env, stack.logs, name="api-limits", workers=2).start()
     relay = ManagedProcess(
         "relay-limits",
-        [sys.executable, "-m", "app.cli", "relay", "--interval", "0.2"],
+        [sys.executable, "-m", "cli", "relay", "--interval", "0.2"],
         env,
         stack.logs,
     ).start()
@@ -103,7 +103,7 @@ def test_a_revoked_key_is_refused_at_once(limited, stack, db):
     url = f"{limited.url}/v1/jobs?limit=1"
     assert requests.get(url, headers=auth(key), timeout=10).status_code == 200
     listed = subprocess.run(
-        [sys.executable, "-m", "app.cli", "keys", "list", "--tenant", "revocation"],
+        [sys.executable, "-m", "cli", "keys", "list", "--tenant", "revocation"],
         env=stack.env,
         capture_output=True,
         text=True,
@@ -112,7 +112,7 @@ def test_a_revoked_key_is_refused_at_once(limited, stack, db):
     assert key_id_of(key) in listed.stdout and "active" in listed.stdout
     assert key not in listed.stdout  # never the secret
     subprocess.run(
-        [sys.executable, "-m", "app.cli", "keys", "revoke", key_id_of(key)],
+        [sys.executable, "-m", "cli", "keys", "revoke", key_id_of(key)],
         env=stack.env,
         capture_output=True,
         text=True,

@@ -9,8 +9,8 @@ import openai
 import pytest
 import requests
 
-from tests.support.jobs import auth
-from tests.support.processes import ApiServer
+from testbed.jobs import auth
+from testbed.processes import ApiServer
 
 pytestmark = pytest.mark.services
 

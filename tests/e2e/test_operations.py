@@ -1,5 +1,6 @@
 """Operators' tools on real processes: metrics after a known sequence of jobs, the
-dead-letter commands on the celery CLI, Flower with and without credentials, JSON logs.
+dead-letter commands on the celery CLI and diffq, Flower with and without credentials,
+JSON logs.
 
 The module runs its own RabbitMQ node (with the management plugin, for Flower's broker
 tab), an API, a worker that reaches S3 through a proxy the test can cut (to make jobs
@@ -17,12 +18,12 @@ import uuid
 import pytest
 import requests
 
-from tests.support.faultproxy import FaultProxy
-from tests.support.jobs import submit, wait_terminal
-from tests.support.ports import free_port, wait_for_port
-from tests.support.private_rabbit import PrivateRabbitMQ
-from tests.support.processes import ApiServer, ManagedProcess, start_worker
-from tests.support.waiting import wait_until
+from testbed.faultproxy import FaultProxy
+from testbed.jobs import submit, wait_terminal
+from testbed.ports import free_port, wait_for_port
+from testbed.private_rabbit import PrivateRabbitMQ
+from testbed.processes import ApiServer, ManagedProcess, start_worker
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
 
@@ -37,8 +38,15 @@ class Ops:
         self.flower_url = f"http://127.0.0.1:{flower_port}"
 
     def celery(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess:
+        return self._run(["celery", "-A", "tasks", *args], input)
+
+    def diffq(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess:
+        """The same operators' commands under `diffq` (cli/operators.py)."""
+        return self._run(["cli", *args], input)
+
+    def _run(self, command: list[str], input: str | None) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "tasks", *args],
+            [sys.executable, "-m", *command],
             env=self.env,
             input=input,
             capture_output=True,
@@ -52,7 +60,7 @@ def ops(stack, tmp_path_factory):
     from kombu import Connection
 
     from app.broker.topology import declare_topology
-    from tests.support.stack import QUEUES
+    from testbed.stack import QUEUES
 
     workdir = tmp_path_factory.mktemp("ops")
     rabbit = PrivateRabbitMQ(workdir / "rabbit", management=True)
@@ -76,7 +84,7 @@ def ops(stack, tmp_path_factory):
     worker = start_worker(worker_env, stack.logs, "worker-ops", models="tiny")
     flower = ManagedProcess(
         "flower",
-        [sys.executable, "-m", "app.cli", "flower", "--bind", f"127.0.0.1:{flower_port}"],
+        [sys.executable, "-m", "cli", "flower", "--bind", f"127.0.0.1:{flower_port}"],
         env,
         stack.logs,
     ).start()
@@ -181,7 +189,7 @@ def _purge_all(ops: Ops) -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_dead_letters_listed_requeued_and_purged_with_the_celery_cli(ops, tenant_key, db):
+def test_dead_letters_listed_requeued_and_purged_with_celery_and_diffq(ops, tenant_key, db):
     from app.db.models import Job
 
     first, second = _dead_lettered(ops, tenant_key, 2)
@@ -194,12 +202,12 @@ def test_dead_letters_listed_requeued_and_purged_with_the_celery_cli(ops, tenant
     assert letters[first]["error"].startswith("storage_unavailable")
     assert letters[first]["attempts"] == 1
     assert letters[first]["age_seconds"] >= 0
-    # Listing took nothing away.
-    again = ops.celery("dlq", "list", "--json")
+    # Listing took nothing away (and `diffq dlq` is the same command).
+    again = ops.diffq("dlq", "list", "--json")
     assert len(again.stdout.splitlines()) == 2
 
     # A destructive command asks first; "no" changes nothing.
-    refused = ops.celery("dlq", "purge", "--all", input="n\n")
+    refused = ops.diffq("dlq", "purge", "--all", input="n\n")
     assert refused.returncode != 0 and "Aborted" in refused.stderr
     assert len(ops.celery("dlq", "list", "--json").stdout.splitlines()) == 2
 
@@ -217,12 +225,15 @@ def test_dead_letters_listed_requeued_and_purged_with_the_celery_cli(ops, tenant
         assert row.attempts == 1
 
     # A failed job by id: back to queued with a fresh budget, and it runs.
-    by_id = ops.celery("jobs", "requeue", second, "--yes")
+    by_id = ops.diffq("requeue", second, "--yes")
     assert by_id.returncode == 0 and "requeued 1 of 1" in by_id.stdout, by_id.stdout
     assert wait_terminal(ops.api.url, tenant_key, second)["status"] == "succeeded"
-    # Succeeded jobs are left alone.
-    again = ops.celery("jobs", "requeue", second, "--yes")
-    assert "skipped: job succeeded" in again.stdout
+    # Succeeded jobs are left alone; `celery jobs requeue` is the older spelling.
+    for again in (
+        ops.celery("requeue", second, "--yes"),
+        ops.celery("jobs", "requeue", second, "--yes"),
+    ):
+        assert again.returncode == 0 and "skipped: job succeeded" in again.stdout, again.stderr
     print("\ndlq: 2 dead-lettered, 1 requeued and succeeded, 1 purged then requeued by id; lost 0")
 
 
@@ -233,6 +244,9 @@ def test_queue_depths_and_the_standard_celery_commands(ops):
     assert rows["gpu.tiny"]["queue_consumers"] == 1
     assert rows["gpu.tiny"]["dlq_depth"] == 0
     assert rows["gpu.tiny-b"]["queue_consumers"] == 0
+    same = ops.diffq("queues", "--json")
+    assert same.returncode == 0, same.stderr
+    assert {row["queue"] for row in map(json.loads, same.stdout.splitlines())} == set(rows)
 
     status = ops.celery("status")
     assert status.returncode == 0 and "worker-ops@" in status.stdout, status.stdout

@@ -8,12 +8,12 @@ import pytest
 import requests
 from kombu import Connection
 
-from tests.support import services
-from tests.support.faultproxy import FaultProxy
-from tests.support.jobs import submit, wait_terminal
-from tests.support.processes import ApiServer, start_worker
-from tests.support.stack import QUEUES
-from tests.support.waiting import wait_until
+from testbed import services
+from testbed.faultproxy import FaultProxy
+from testbed.jobs import submit, wait_terminal
+from testbed.processes import ApiServer, start_worker
+from testbed.stack import QUEUES
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
 

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from app.web.wait import requested_wait
-from tests.support.jobs import auth, wait_terminal
+from testbed.jobs import auth, wait_terminal
 
 pytestmark = pytest.mark.services
 

@@ -16,11 +16,11 @@ import pytest
 import requests
 from standardwebhooks.webhooks import Webhook
 
-from tests.support.jobs import auth, submit, wait_terminal
-from tests.support.ports import free_port
-from tests.support.processes import ApiServer, ManagedProcess
-from tests.support.receiver import Answer, Receiver
-from tests.support.waiting import wait_until
+from testbed.jobs import auth, submit, wait_terminal
+from testbed.ports import free_port
+from testbed.processes import ApiServer, ManagedProcess
+from testbed.receiver import Answer, Receiver
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
 
@@ -38,7 +38,7 @@ def hooks(stack, worker):
     api = ApiServer(env, stack.logs, name="api-hooks").start()
     relay = ManagedProcess(
         "relay-hooks",
-        [sys.executable, "-m", "app.cli", "relay", "--interval", "0.2"],
+        [sys.executable, "-m", "cli", "relay", "--interval", "0.2"],
         env,
         stack.logs,
     ).start()
@@ -48,7 +48,7 @@ def hooks(stack, worker):
         [
             sys.executable,
             "-m",
-            "app.cli",
+            "cli",
             "webhooks",
             "--concurrency",
             "8",

@@ -14,9 +14,9 @@ import requests
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from tests.support.jobs import auth, submit
-from tests.support.processes import ApiServer
-from tests.support.socket_fleet import (
+from testbed.jobs import auth, submit
+from testbed.processes import ApiServer
+from testbed.socket_fleet import (
     close_codes,
     gunicorn_worker_pid,
     open_fleet,

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from testbed.faultproxy import FaultProxy
+from testbed.private_postgres import PrivatePostgres
+from testbed.private_rabbit import PrivateRabbitMQ
+from testbed.processes import ApiServer, ManagedProcess, start_worker
+from testbed.receiver import Receiver
+from testbed.seaweed import SeaweedS3
+from testbed.stack import build_tiny_model
 from tests.faults.harness import REPORT, write_report
-from tests.support.faultproxy import FaultProxy
-from tests.support.private_postgres import PrivatePostgres
-from tests.support.private_rabbit import PrivateRabbitMQ
-from tests.support.processes import ApiServer, ManagedProcess, start_worker
-from tests.support.receiver import Receiver
-from tests.support.seaweed import SeaweedS3
-from tests.support.stack import build_tiny_model
 
 MODELS = """\
 default_model = "tiny"
@@ -52,6 +52,22 @@ max_steps = 500
 default_steps = 8
 soft_time_limit = 2
 time_limit = 5
+
+[models.tiny-batch]
+path = "{tiny}"
+queue = "gpu.tiny-batch"
+dtype = "float32"
+max_width = 128
+max_height = 128
+max_pixels = 16384
+default_width = 64
+default_height = 64
+max_steps = 500
+default_steps = 8
+soft_time_limit = 60
+time_limit = 90
+max_batch = 4
+max_wait_ms = 300
 """
 
 WORKERS = ("fa", "fb")
@@ -85,7 +101,7 @@ class FaultStack:
 
     def start_worker(self, name: str, extra_env: dict[str, str] | None = None) -> ManagedProcess:
         env = {**self.env, **(extra_env or {})}
-        worker = start_worker(env, self.logs, f"worker-{name}", models="tiny,tiny-slow")
+        worker = start_worker(env, self.logs, f"worker-{name}", models="tiny,tiny-slow,tiny-batch")
         self.workers[name] = worker
         return worker
 
@@ -113,7 +129,7 @@ class FaultStack:
     def start_relay(self) -> None:
         self.relay = ManagedProcess(
             "relay",
-            [sys.executable, "-m", "app.cli", "relay", "--interval", "0.5"],
+            [sys.executable, "-m", "cli", "relay", "--interval", "0.5"],
             self.env,
             self.logs,
         ).start()
@@ -124,7 +140,7 @@ class FaultStack:
             [
                 sys.executable,
                 "-m",
-                "app.cli",
+                "cli",
                 "webhooks",
                 "--concurrency",
                 "4",
@@ -176,7 +192,7 @@ def fault_stack(tmp_path_factory) -> FaultStack:
     booting.join()
     broker_url = rabbit.url
     with Connection(broker_url) as conn:
-        declare_topology(conn, ["gpu.tiny"])
+        declare_topology(conn, ["gpu.tiny", "gpu.tiny-batch"])
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("DIFFQ_")},
         "DIFFQ_HOME": str(workdir / "home"),

@@ -14,7 +14,7 @@ from pathlib import Path
 import requests
 from sqlalchemy import func, select
 
-from tests.support.jobs import auth
+from testbed.jobs import auth
 
 TERMINAL = {"succeeded", "failed", "canceled"}
 TERMINAL_EVENTS = ("job.succeeded", "job.failed", "job.canceled")

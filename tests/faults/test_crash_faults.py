@@ -11,9 +11,9 @@ from kombu import Connection
 from sqlalchemy import text
 
 from app.jobs.states import JobStatus
+from testbed.waiting import wait_until
 from tests.faults.harness import Scenario
 from tests.faults.test_service_faults import SteadyLoad, _first_start_after
-from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.services]
 

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from app.jobs.states import JobStatus
+from testbed.waiting import wait_until
 from tests.faults.harness import Scenario
 from tests.faults.killing import (
     child_pid,
@@ -19,7 +20,6 @@ from tests.faults.killing import (
     parent_pid,
     worker_main_pid,
 )
-from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.services]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.jobs import auth
+from testbed.jobs import auth
 
 pytestmark = pytest.mark.services
 

@@ -7,7 +7,7 @@ import uuid
 import pytest
 from sqlalchemy import update
 
-from tests.support.jobs import auth
+from testbed.jobs import auth
 
 pytestmark = pytest.mark.services
 

@@ -161,7 +161,7 @@ def test_operators_set_weight_and_quota_from_the_cli(stack, db):
 
     def diffq(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "app.cli", *args],
+            [sys.executable, "-m", "cli", *args],
             env=stack.env,
             capture_output=True,
             text=True,

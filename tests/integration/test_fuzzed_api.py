@@ -9,7 +9,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from tests.support.jobs import auth
+from testbed.jobs import auth
 
 pytestmark = pytest.mark.services
 

@@ -35,11 +35,12 @@ OOM_ERRORS = {
 @pytest.fixture(scope="module")
 def runtime(stack):
     from app.config import load_settings
+    from app.services import Services
     from workers.runtime import build_runtime
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    rt = build_runtime(load_settings(), ["gpu.tiny"])
+    rt = build_runtime(Services(load_settings()), ["gpu.tiny"])
     yield rt
     rt.db.dispose()
     torch.set_num_threads(threads)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobs import submit, wait_terminal
-from tests.support.processes import ManagedProcess
-from tests.support.waiting import wait_until
+from testbed.jobs import submit, wait_terminal
+from testbed.processes import ManagedProcess
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
 
@@ -47,7 +47,7 @@ def test_one_worker_per_gpu_and_a_killed_one_comes_back_alone(stack, api_server,
     smi.write_text(f'#!/bin/sh\nprintf "{listing}"\n')
     smi.chmod(0o755)
     env = {**stack.env, "PATH": f"{fake_bin}:{os.environ['PATH']}"}
-    args = [sys.executable, "-m", "app.cli", "worker", "--gpus", "all", "--models", "tiny-b"]
+    args = [sys.executable, "-m", "cli", "worker", "--gpus", "all", "--models", "tiny-b"]
     workers = ManagedProcess("worker-pinned", [*args, "--name", "pinned"], env, stack.logs)
     workers.start()
     try:

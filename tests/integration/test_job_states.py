@@ -91,3 +91,46 @@ def test_failure_is_recorded_once_and_terminal_states_do_not_move(db, job_id):
 
         job = session.get(Job, job_id)
         assert (job.status, job.error_code, job.lease_owner) == (JobStatus.FAILED, "timeout", None)
+
+
+def test_a_webhook_event_commits_with_its_change_or_not_at_all(db):
+    """The webhook listener (app/webhooks/events.py) writes in the change's transaction."""
+    from sqlalchemy import select
+
+    from app.db.models import WebhookEvent
+    from app.keys import get_or_create_tenant
+    from app.webhooks.events import record_change
+
+    assert record_change in transitions.changes.listeners()
+    with db.session() as session:
+        tenant = get_or_create_tenant(session, f"states-hook-{id(session)}")
+        job_id = service.create_job(
+            session,
+            tenant.id,
+            model="tiny",
+            queue="gpu.tiny",
+            priority=Priority.NORMAL,
+            params={"prompt": "p", "steps": 4, "seed": 1},
+            metadata=None,
+            webhook_url="https://hooks.example.com/in",
+            webhook_events=["job.running", "job.failed"],
+        ).id
+
+    def events() -> list[str]:
+        with db.session() as session:
+            return list(
+                session.scalars(select(WebhookEvent.type).where(WebhookEvent.job_id == job_id))
+            )
+
+    with pytest.raises(RuntimeError), db.session() as session:
+        claimed = transitions.claim_job(
+            session, job_id, owner="w1", redelivered=False, max_attempts=3, lease_seconds=30
+        )
+        assert claimed.kind == ClaimKind.CLAIMED
+        raise RuntimeError("the transaction rolls back")
+    assert events() == []  # none invented for a change that did not happen
+    assert claim(db, job_id).kind == ClaimKind.CLAIMED
+    assert events() == ["job.running"]
+    with db.session() as session:
+        transitions.finish_failed(session, job_id, code=ErrorCode.INTERNAL, message="x", owner="w1")
+    assert sorted(events()) == ["job.failed", "job.running"]

@@ -9,7 +9,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect
 
 from app.db.migrate import alembic_config, check, upgrade
-from tests.support import services
+from testbed import services
 
 pytestmark = pytest.mark.services
 

@@ -10,7 +10,7 @@ import pytest
 from app.db.types import utcnow
 from app.jobs.estimate import estimate, work
 from app.jobs.states import JobStatus, Priority
-from tests.support.jobs import auth
+from testbed.jobs import auth
 
 pytestmark = pytest.mark.services
 
@@ -27,6 +27,8 @@ def test_models_list_every_model_with_its_limits(client, tenant_key, flask_app):
         assert model["limits"]["max_pixels"] == spec.max_pixels
         assert model["limits"]["max_steps"] == spec.max_steps
         assert model["schedulers"] == list(spec.schedulers)
+        assert model["sizes"] == list(spec.sizes)
+        assert model["sizes_required"] is spec.sizes_required
         assert "path" not in model and "queue" not in model
 
 

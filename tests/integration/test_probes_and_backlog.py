@@ -48,7 +48,7 @@ def test_readyz_fails_without_the_database(stack):
 
 def test_readyz_fails_while_the_schema_is_behind(stack):
     from app.db.migrate import upgrade
-    from tests.support import services
+    from testbed import services
 
     name = f"diffq_behind_{uuid.uuid4().hex[:8]}"
     url = services.create_database(name)

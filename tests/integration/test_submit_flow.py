@@ -16,7 +16,7 @@ from app.db.types import utcnow
 from app.jobs import service
 from app.jobs.states import JobStatus
 from app.jobs.submit import Caps, JobRequest, Refused, submit_job
-from tests.support.waiting import wait_until
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
 

@@ -7,8 +7,8 @@ import json
 import pytest
 from sqlalchemy import func, select
 
-from tests.support.jobs import auth
-from tests.support.services import queue_state
+from testbed.jobs import auth
+from testbed.services import queue_state
 
 pytestmark = pytest.mark.services
 

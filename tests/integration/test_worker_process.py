@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import start_worker
-from tests.support.waiting import wait_until
+from testbed.processes import start_worker
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
 

@@ -34,6 +34,18 @@ def test_the_readme_lists_every_model_key():
     assert {f.name for f in fields(ModelSpec)} - {"name"} <= listed
 
 
+def test_the_readme_and_the_gpu_notes_name_every_scheduler_of_the_rules_table():
+    from app.rules import SCHEDULERS
+
+    section = README.split("`schedulers` (subset of", 1)[1].split(")", 1)[0]
+    assert re.findall(r"`([a-z_+]+)`", section) == list(SCHEDULERS)
+    notes = (ROOT / "docs/gpu.md").read_text().split("## Schedulers", 1)[1].split("\n## ", 1)[0]
+    notes = " ".join(notes.split())  # wrapped lines
+    for name, scheduler in SCHEDULERS.items():
+        if scheduler.class_name:
+            assert f"`{name}` (`{scheduler.class_name}`)" in notes, name
+
+
 @pytest.mark.parametrize(
     "source",
     ["deploy/models.toml", "deploy/k8s/base/configmap.yaml"],

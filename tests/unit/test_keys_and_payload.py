@@ -7,7 +7,13 @@ import uuid
 
 import pytest
 
-from app.jobs.payload import InvalidPayload, parse_payload
+from app.jobs.payload import (
+    PAYLOAD_VERSION,
+    InvalidPayload,
+    TaskPayload,
+    build_payload,
+    parse_payload,
+)
 from app.keys import _KEY_RE, generate_key
 
 
@@ -21,30 +27,34 @@ def test_keys_have_a_prefix_and_256_random_bits():
         assert len(base64.urlsafe_b64decode(secret + "=")) == 32
 
 
-def test_a_well_formed_payload_parses():
+def test_a_message_carries_ids_only():
+    from app.db.models import Job
+
+    job = Job(id=uuid.uuid4(), tenant_id=uuid.uuid4(), input={"prompt": "secret"})
+    built = build_payload(job)
+    assert built == {"v": PAYLOAD_VERSION, "job_id": str(job.id), "tenant": str(job.tenant_id)}
+    assert "secret" not in str(built)
+    parsed = parse_payload(built)
+    assert (parsed.job_id, parsed.tenant) == (job.id, job.tenant_id)
+
+
+def test_a_version_1_message_queued_before_an_upgrade_still_parses():
+    """Version 1 carried the request too: its params are ignored, the row is read."""
     job_id, tenant = uuid.uuid4(), uuid.uuid4()
-    payload = parse_payload(
-        {"v": 1, "job_id": str(job_id), "tenant": str(tenant), "params": {"prompt": "p"}}
-    )
-    assert (payload.job_id, payload.tenant, payload.params) == (job_id, tenant, {"prompt": "p"})
+    for params in ({"prompt": "p"}, [], None):
+        raw = {"v": 1, "job_id": str(job_id), "tenant": str(tenant), "params": params}
+        assert parse_payload(raw) == TaskPayload(job_id, tenant)
 
 
 @pytest.mark.parametrize(
     ("raw", "fragment", "has_job_id"),
     [
         ("not a dict", "not an object", False),
-        ({"v": 1, "job_id": "nope"}, "job_id is not a UUID", False),
-        (
-            {"v": 2, "job_id": str(uuid.uuid4()), "tenant": str(uuid.uuid4()), "params": {}},
-            "version 2",
-            True,
-        ),
-        (
-            {"v": 1, "job_id": str(uuid.uuid4()), "tenant": str(uuid.uuid4()), "params": []},
-            "params",
-            True,
-        ),
-        ({"v": 1, "job_id": str(uuid.uuid4()), "tenant": 7, "params": {}}, "tenant", True),
+        ({"v": 2, "job_id": "nope"}, "job_id is not a UUID", False),
+        ({"v": 3, "job_id": str(uuid.uuid4()), "tenant": str(uuid.uuid4())}, "version 3", True),
+        ({"job_id": str(uuid.uuid4()), "tenant": str(uuid.uuid4())}, "version None", True),
+        ({"v": 2, "job_id": str(uuid.uuid4()), "tenant": 7}, "tenant", True),
+        ({"v": 1, "job_id": str(uuid.uuid4()), "tenant": None, "params": {}}, "tenant", True),
     ],
 )
 def test_broken_payloads_are_refused_with_the_job_id_when_known(raw, fragment, has_job_id):

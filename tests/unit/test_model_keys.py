@@ -10,7 +10,7 @@ import pytest
 
 from app.catalog import CatalogError, tiny_spec
 from app.config import load_settings
-from app.web.resources.jobs.schemas import model_limit_errors
+from app.rules import model_limit_errors
 
 SPEC = replace(tiny_spec(Path("/models/tiny")), max_pixels_per_job=3 * 256 * 256)
 

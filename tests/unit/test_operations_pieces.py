@@ -9,9 +9,9 @@ import uuid
 import pytest
 
 from app.broker.deadletters import DeadLetter, Selection
-from app.cli import main
-from app.cli.serve import management_api_url
 from app.logs import JobContextFilter, JsonFormatter, job_context
+from cli import main
+from cli.serve import management_api_url
 
 
 def _record(message: str, args=None) -> logging.LogRecord:

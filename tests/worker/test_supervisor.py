@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.waiting import wait_until
+from testbed.waiting import wait_until
 from workers.devices import NoGpus, parse_gpus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,7 +126,7 @@ def test_gpus_all_without_nvidia_smi_is_a_clear_error(tmp_path, monkeypatch):
         parse_gpus("all")
     assert parse_gpus("auto") == []  # the explicit fallback to the CPU
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "worker", "--gpus", "all"],
+        [sys.executable, "-m", "cli", "worker", "--gpus", "all"],
         env={**os.environ, "PATH": str(tmp_path), "PYTHONPATH": str(REPO)},
         cwd=REPO,
         capture_output=True,

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import json
-import secrets
 from typing import Any
 
 import marshmallow as ma
 from marshmallow import fields, validate
 
-from app.catalog import ModelSpec
 from app.jobs.states import JobStatus, Priority
+from app.jobs.view import JobSchema
+from app.rules import MAX_SEED, OUTPUT_FORMATS, SCHEDULERS, model_limit_errors, normalize
 from app.web.services import services
 from app.web.strings import RefusesNul
 from app.webhooks.events import EVENT_TYPES
 from app.webhooks.guard import MAX_URL_LENGTH, UnsafeUrl, check_url, parse_allow_list
 
-MAX_SEED = 2**32 - 1
-OUTPUT_FORMATS = ("png", "jpeg", "webp")
 METADATA_MAX_BYTES = 2048
 MAX_CANCEL_AFTER = 7 * 24 * 3600
 
@@ -56,10 +54,7 @@ class JobCreateSchema(RefusesNul, ma.Schema):
         strict=True, metadata={"description": "Images in this job, 1..`max_num_images`."}
     )
     scheduler = fields.String(
-        metadata={
-            "description": "One of the model's schedulers: default, ddim, euler, euler_a, "
-            "dpm++, pndm, lms or lcm (few-step models)."
-        }
+        metadata={"description": f"One of the model's schedulers: {', '.join(SCHEDULERS)}."}
     )
     output_format = fields.String(
         load_default="png",
@@ -162,80 +157,6 @@ class JobCreateSchema(RefusesNul, ma.Schema):
         }
 
 
-def model_limit_errors(spec: ModelSpec, data: dict[str, Any]) -> dict[str, list[str]]:
-    """Every limit of the model that the request breaks, by field."""
-    errors: dict[str, list[str]] = {}
-
-    def add(field: str, message: str) -> None:
-        errors.setdefault(field, []).append(message)
-
-    for field, key in (("prompt", "prompt"), ("negative_prompt", "negative_prompt")):
-        value = data.get(key)
-        if value and len(value) > spec.max_prompt_chars:
-            add(field, f"At most {spec.max_prompt_chars} characters for model '{spec.name}'.")
-    for field, maximum in (("width", spec.max_width), ("height", spec.max_height)):
-        value = data.get(field)
-        if value is None:
-            continue
-        if value % spec.size_multiple or not spec.min_size <= value <= maximum:
-            add(
-                field,
-                f"Must be a multiple of {spec.size_multiple} between {spec.min_size} and "
-                f"{maximum} for model '{spec.name}'.",
-            )
-    width = data.get("width", spec.default_width)
-    height = data.get("height", spec.default_height)
-    if "width" not in errors and "height" not in errors and width * height > spec.max_pixels:
-        add(
-            "width",
-            f"width x height = {width * height} pixels exceeds the {spec.max_pixels} "
-            f"allowed for model '{spec.name}'.",
-        )
-    steps = data.get("steps")
-    if steps is not None and not 1 <= steps <= spec.max_steps:
-        add("steps", f"Must be between 1 and {spec.max_steps} for model '{spec.name}'.")
-    guidance = data.get("guidance_scale")
-    if guidance is not None and not 0 <= guidance <= spec.max_guidance:
-        add("guidance_scale", f"Must be between 0 and {spec.max_guidance} for model '{spec.name}'.")
-    count = data.get("num_images")
-    if count is not None and not 1 <= count <= spec.max_num_images:
-        add("num_images", f"Must be between 1 and {spec.max_num_images} for model '{spec.name}'.")
-    count = data.get("num_images", 1)
-    budget = spec.max_pixels_per_job
-    sized = not {"width", "height", "num_images"} & set(errors)
-    if budget is not None and sized and width * height * count > budget:
-        message = (
-            f"width x height x num_images = {width} x {height} x {count} = "
-            f"{width * height * count} pixels exceeds the {budget} one job may use on "
-            f"model '{spec.name}' (max_pixels_per_job): ask for fewer or smaller images."
-        )
-        for name in ("width", "height", "num_images"):
-            add(name, message)
-    scheduler = data.get("scheduler")
-    if scheduler is not None and scheduler not in spec.schedulers:
-        add("scheduler", f"Must be one of: {', '.join(spec.schedulers)}.")
-    return errors
-
-
-def normalize(spec: ModelSpec, data: dict[str, Any]) -> dict[str, Any]:
-    """The request with every default filled in, including the seed that will be used."""
-    seed = data.get("seed")
-    return {
-        "prompt": data["prompt"],
-        "negative_prompt": data.get("negative_prompt"),
-        "model": spec.name,
-        "width": data.get("width", spec.default_width),
-        "height": data.get("height", spec.default_height),
-        "steps": data.get("steps", spec.default_steps),
-        "guidance_scale": float(data.get("guidance_scale", spec.default_guidance)),
-        "seed": seed if seed is not None else secrets.randbelow(MAX_SEED + 1),
-        "num_images": data.get("num_images", 1),
-        "scheduler": data.get("scheduler", "default"),
-        "output_format": data["output_format"],
-        "priority": data["priority"],
-    }
-
-
 class IdempotencyHeaderSchema(RefusesNul, ma.Schema):
     class Meta:
         unknown = ma.EXCLUDE  # every other header
@@ -281,168 +202,7 @@ class JobListQuerySchema(RefusesNul, ma.Schema):
     cursor = fields.String(metadata={"description": "`next_cursor` from the previous page."})
 
 
-# --- Responses (documentation and dumping) ---------------------------------------
-
-
-class ProgressSchema(ma.Schema):
-    stage = fields.String(
-        metadata={
-            "description": "queued, loading, encoding_prompt, denoising, decoding, uploading, done"
-        }
-    )
-    step = fields.Integer()
-    total_steps = fields.Integer()
-    percent = fields.Float()
-
-
-class ImageSchema(ma.Schema):
-    url = fields.String(metadata={"description": "Downloads without an API key; expires."})
-    width = fields.Integer()
-    height = fields.Integer()
-    seed = fields.Integer()
-    content_type = fields.String()
-    bytes = fields.Integer()
-    sha256 = fields.String(metadata={"description": "SHA-256 of the image file, hex."})
-
-
-class VersionsSchema(ma.Schema):
-    diffq = fields.String()
-    diffusers = fields.String()
-    torch = fields.String()
-    transformers = fields.String()
-
-
-class SchedulerManifestSchema(ma.Schema):
-    class_name = fields.String(
-        attribute="class", data_key="class", metadata={"example": "EulerDiscreteScheduler"}
-    )
-    config = fields.Dict(metadata={"description": "The scheduler's full config as run."})
-
-
-class ManifestSchema(ma.Schema):
-    model = fields.String()
-    weights_sha256 = fields.String(
-        metadata={"description": "SHA-256 over the model's weight files, computed at load."}
-    )
-    scheduler = fields.Nested(SchedulerManifestSchema)
-    seed = fields.Integer()
-    dtype = fields.String(metadata={"example": "float16"})
-    device = fields.String(metadata={"example": "NVIDIA H100 80GB HBM3"})
-    versions = fields.Nested(VersionsSchema)
-
-
-class ResultSchema(ma.Schema):
-    images = fields.List(fields.Nested(ImageSchema))
-    manifest = fields.Nested(
-        ManifestSchema,
-        allow_none=True,
-        metadata={"description": "How the images were made: enough to make them again."},
-    )
-
-
-class ReplaySchema(ma.Schema):
-    of = fields.UUID(metadata={"description": "The job whose inputs this one ran again."})
-    bytes_match = fields.Boolean(
-        allow_none=True,
-        metadata={
-            "description": "True if every image is byte for byte the original's; null until "
-            "both have finished with images."
-        },
-    )
-
-
-class JobErrorSchema(ma.Schema):
-    code = fields.String(
-        metadata={
-            "description": "invalid_input, invalid_message, model_unavailable, gpu_oom, timeout, "
-            "storage_unavailable, dead_lettered, internal_error, content_filtered (the model's "
-            "safety checker blacked out every image); for canceled jobs: canceled, "
-            "deadline"
-        }
-    )
-    message = fields.String()
-
-
-class JobMetricsSchema(ma.Schema):
-    queue_seconds = fields.Float(allow_none=True)
-    run_seconds = fields.Float(allow_none=True)
-
-
-class JobUrlsSchema(ma.Schema):
-    self = fields.String()
-    cancel = fields.String(metadata={"description": "POST here to cancel."})
-    events = fields.String(metadata={"description": "Server-Sent Events: status and progress."})
-
-
-class JobCostSchema(ma.Schema):
-    gpu_seconds = fields.Float(
-        metadata={
-            "description": "Device seconds inside the pipeline call (not queue time, not "
-            "the upload): what usage and quotas count.",
-            "example": 1.8421,
-        }
-    )
-    device = fields.String(
-        metadata={"description": "The device's name, as prices name it.", "example": "cpu"}
-    )
-    model = fields.String(metadata={"example": "tiny"})
-
-
-class JobSchema(ma.Schema):
-    id = fields.UUID()
-    status = fields.String(metadata={"description": "queued, running, succeeded, failed, canceled"})
-    model = fields.String()
-    input = fields.Dict(metadata={"description": "The normalized request, with the seed used."})
-    progress = fields.Nested(ProgressSchema, allow_none=True)
-    queue_position = fields.Integer(
-        allow_none=True,
-        metadata={
-            "description": "While queued: jobs that will start before this one (0: next). "
-            "Null in a submit's 202: the job's GET and its events have it."
-        },
-    )
-    eta_seconds = fields.Float(
-        allow_none=True,
-        metadata={
-            "description": "While queued: an estimate of the seconds until it starts, from the "
-            "model's recent per-step times and the jobs ahead; null until the model has run, "
-            "and in a submit's 202."
-        },
-    )
-    priority = fields.String(metadata={"description": "low, normal or high."})
-    attempts = fields.Integer()
-    result = fields.Nested(ResultSchema, allow_none=True)
-    error = fields.Nested(
-        JobErrorSchema,
-        allow_none=True,
-        metadata={"description": "Why it failed, or why it was canceled (canceled, deadline)."},
-    )
-    created_at = fields.DateTime()
-    started_at = fields.DateTime(allow_none=True)
-    finished_at = fields.DateTime(allow_none=True)
-    metrics = fields.Nested(JobMetricsSchema)
-    urls = fields.Nested(JobUrlsSchema)
-    cost = fields.Nested(
-        JobCostSchema,
-        allow_none=True,
-        metadata={"description": "Once succeeded: what the job cost. Null before."},
-    )
-    metadata = fields.Dict(allow_none=True)
-    data_removed = fields.Boolean(
-        metadata={
-            "description": "True once the images were deleted after the retention period "
-            "(DIFFQ_RESULT_RETENTION); `result` is then null."
-        }
-    )
-    webhook = fields.String(allow_none=True)
-    webhook_events = fields.List(fields.String(), allow_none=True)
-    cached = fields.Boolean(
-        metadata={"description": "Answered from the result cache: no GPU run (see `cache`)."}
-    )
-    cached_from = fields.UUID(
-        allow_none=True, metadata={"description": "The job whose images a cached job shares."}
-    )
-    replay = fields.Nested(ReplaySchema, allow_none=True)
+# --- Responses: the job object is app/jobs/view.py's (the webhook worker dumps it too)
 
 
 class JobPageSchema(ma.Schema):

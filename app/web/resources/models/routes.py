@@ -7,8 +7,8 @@ from flask_smorest import Blueprint, abort
 
 from app.catalog import ModelSpec
 from app.jobs.estimate import estimate
+from app.rules import model_limit_errors
 from app.web.auth import require_api_key
-from app.web.resources.jobs.schemas import model_limit_errors
 from app.web.resources.models.schemas import (
     LIMIT_FIELDS,
     EstimateQuerySchema,
@@ -29,6 +29,8 @@ def _view(spec: ModelSpec, default: str) -> dict:
         "default": spec.name == default,
         "limits": {name: getattr(spec, name) for name in LIMIT_FIELDS},
         "schedulers": list(spec.schedulers),
+        "sizes": list(spec.sizes),
+        "sizes_required": spec.sizes_required,
     }
 
 

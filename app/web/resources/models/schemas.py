@@ -51,6 +51,17 @@ class ModelSchema(ma.Schema):
         },
     )
     schedulers = fields.List(fields.String(), metadata={"example": ["default", "ddim", "euler"]})
+    sizes = fields.List(
+        fields.String(),
+        metadata={
+            "description": "The size tiers (WIDTHxHEIGHT) whose jobs this model batches "
+            "together; empty: every size (or no batching).",
+            "example": ["512x512", "768x768"],
+        },
+    )
+    sizes_required = fields.Boolean(
+        metadata={"description": "True: a job of a size outside `sizes` is a 422."}
+    )
 
 
 class ModelListSchema(ma.Schema):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 from typing import Any
-from urllib.parse import urljoin
 
 import marshmallow as ma
 from flask import jsonify, request
@@ -20,6 +19,7 @@ from flask_smorest import Blueprint
 from werkzeug.exceptions import HTTPException
 
 from app.jobs.states import JobStatus
+from app.jobs.view import image_url
 from app.web.auth import current_tenant, require_api_key
 from app.web.resources.jobs.schemas import JobCreateSchema
 from app.web.resources.jobs.submit import submit
@@ -131,7 +131,7 @@ def _image_data(job, response_format: str) -> list[dict[str, Any]]:
             encoded = base64.b64encode(svc.storage.get(image["key"])).decode()
             data.append({"b64_json": encoded, "revised_prompt": None})
         else:
-            url = urljoin(request.host_url, svc.storage.url(image["key"], svc.settings.presign_ttl))
+            url = image_url(svc.storage, image["key"], svc.settings.presign_ttl, request.url_root)
             data.append({"url": url, "revised_prompt": None})
     return data
 

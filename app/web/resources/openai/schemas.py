@@ -5,7 +5,7 @@ from __future__ import annotations
 import marshmallow as ma
 from marshmallow import fields, validate
 
-from app.web.resources.jobs.schemas import MAX_SEED
+from app.rules import MAX_SEED
 
 SIZE_PATTERN = r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$"
 RESPONSE_FORMATS = ("url", "b64_json")

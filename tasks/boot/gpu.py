@@ -1,4 +1,5 @@
-"""Worker start-up: check models and declare queues in the parent, load models in the child."""
+"""A GPU worker: models checked in the main process, loaded in each pool child; warm
+shutdown with a grace, then the running job handed back; hard time limits recorded."""
 
 from __future__ import annotations
 
@@ -12,66 +13,28 @@ import threading
 from celery import signals
 from celery.exceptions import WorkerShutdown
 
-from app import logs
-from app.broker.topology import WEBHOOK_QUEUE, declare_topology
-from app.catalog import load_catalog
-from app.config import load_settings
-from workers import metrics as worker_metrics
+from tasks.boot.common import EXIT_MODEL_LOAD, declare, mark_fatal
+from tasks.celery_app import services
 
 log = logging.getLogger(__name__)
-_runtime = None
-_controller = None  # the WorkController, in the main process
 # Sent by the main process to its pool children when a warm shutdown outlasts its grace.
 HAND_BACK_SIGNAL = signal.SIGUSR2
 
-# Exit status of a worker whose models cannot load (sysexits EX_CONFIG).
-EXIT_MODEL_LOAD = 78
-# Set by `diffq worker`: a file where a worker that no restart can cure says why, so the
-# supervisor stops instead of restarting it (its own exit status is Celery's, not ours).
-FATAL_MARKER_ENV = "DIFFQ_WORKER_FATAL_FILE"
+_controller = None  # the WorkController, in the main process
+_queues: list[str] = []  # the queues consumed; pool children inherit it
+_runtime = None  # a pool child's WorkerRuntime
 
 
-def mark_fatal(reason: str) -> None:
-    path = os.environ.get(FATAL_MARKER_ENV)
-    if path:
-        with contextlib.suppress(OSError), open(path, "w") as marker:
-            marker.write(reason)
-
-
-def _consumed_queues(consumer_queues) -> list[str]:
-    return sorted(q.name for q in consumer_queues)
-
-
-@signals.after_setup_logger.connect
-@signals.after_setup_task_logger.connect
-def structured_logs(logger=None, **_kwargs) -> None:
-    """Job fields on every line about a job; JSON lines with DIFFQ_LOG_FORMAT=json."""
-    if logger is not None:
-        logs.apply(logger, load_settings().log_format, keep_text=True)
-
-
-@signals.worker_init.connect
-def check_and_declare(sender=None, **_kwargs) -> None:
-    """Runs in the worker's main process before any pool child exists."""
+def start(sender, queues: list[str]) -> None:
+    """worker_init, in the main process: check every served model's files, declare the
+    queues, import (never initialise CUDA) before forking, then hook the pool children."""
     global _controller
-    _controller = sender
-    settings = load_settings()
-    worker_metrics.prepare(settings, sender.hostname)  # before anything imports the client
-    queues = _consumed_queues(sender.app.amqp.queues.consume_from.values())
-    if WEBHOOK_QUEUE in queues:
-        if queues != [WEBHOOK_QUEUE]:
-            raise WorkerShutdown("webhooks are delivered by their own workers (`diffq webhooks`)")
-        if not settings.embedded:
-            with sender.app.connection_for_write() as conn:
-                declare_topology(conn, queues)
-        os.environ["DIFFQ_WORKER_QUEUES"] = WEBHOOK_QUEUE
-        worker_metrics.serve(settings)
-        log.info("worker delivers webhooks from queue %s", WEBHOOK_QUEUE)
-        return
+    from workers import metrics as worker_metrics
     from workers.pipelines import ModelLoadError, check_model_dir, preimport_components
     from workers.runtime import served_models
 
-    catalog = load_catalog(settings)
+    _controller = sender
+    catalog = services().catalog
     names = served_models(catalog, queues)
     if not names:
         mark_fatal(f"no configured model uses the queues {queues}")
@@ -83,28 +46,28 @@ def check_and_declare(sender=None, **_kwargs) -> None:
         log.critical("worker cannot start: %s", exc)
         mark_fatal(str(exc))
         raise WorkerShutdown(str(exc)) from exc
-    if not settings.embedded:
-        with sender.app.connection_for_write() as conn:
-            declare_topology(conn, queues)
-    os.environ["DIFFQ_WORKER_QUEUES"] = ",".join(queues)
+    declare(sender, queues)
+    _queues[:] = queues
     os.environ["DIFFQ_WORKER_NAME"] = sender.hostname
-    # Import (never initialise CUDA) before forking: a pool child that replaces a dead
-    # one then starts in well under a second instead of re-importing torch.
+    # A pool child that replaces a dead one then starts in well under a second instead
+    # of re-importing torch.
     import torch  # noqa: F401
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     for name in names:
         preimport_components(catalog.models[name])
-    worker_metrics.serve(settings)
+    signals.worker_shutting_down.connect(hand_back_after_grace)
+    signals.worker_process_init.connect(load_models)
+    signals.worker_process_shutdown.connect(release)
+    worker_metrics.serve(services().settings)
     log.info("worker serves models %s from queues %s", names, queues)
 
 
-@signals.worker_shutting_down.connect
 def hand_back_after_grace(**_kwargs) -> None:
     """Warm shutdown lets the running job finish; past DIFFQ_SHUTDOWN_GRACE seconds, the
     pool children stop it at the next step and return it to the queue."""
-    grace = load_settings().shutdown_grace
+    grace = services().settings.shutdown_grace
 
     def expire() -> None:
         pool = getattr(getattr(_controller, "pool", None), "_pool", None)
@@ -121,17 +84,18 @@ def hand_back_after_grace(**_kwargs) -> None:
     timer.start()
 
 
-@signals.worker_process_init.connect
 def load_models(**_kwargs) -> None:
-    """Runs in each pool child: the pipeline lives here, never in the forking parent."""
+    """worker_process_init, in each pool child: the pipeline lives here, never in the
+    forking parent. The child gets a root of its own (the parent's settings and catalog,
+    its own connections)."""
     global _runtime
+    from app import services as root
     from workers.runtime import build_runtime
 
-    queues = [q for q in os.environ.get("DIFFQ_WORKER_QUEUES", "").split(",") if q]
-    if queues == [WEBHOOK_QUEUE]:
-        return  # a delivery worker loads no model
+    parent = services()
+    child = root.install(parent.derive(db_pool_size=2 + parent.settings.postprocess_depth))
     try:
-        _runtime = build_runtime(load_settings(), queues)
+        _runtime = build_runtime(child, list(_queues))
         signal.signal(HAND_BACK_SIGNAL, lambda *_: _runtime.request_hand_back())
     except Exception:
         # A pool child that raises here is restarted forever by the pool; instead stop
@@ -143,24 +107,19 @@ def load_models(**_kwargs) -> None:
         os._exit(EXIT_MODEL_LOAD)
 
 
-@signals.worker_process_shutdown.connect
 def release(**_kwargs) -> None:
     if _runtime is not None:
         if _runtime.postprocessor is not None:
             # Jobs already acked are recorded before the process goes (or, past this, the
             # relay requeues them when their leases expire).
-            _runtime.postprocessor.close(timeout=load_settings().shutdown_grace)
+            _runtime.postprocessor.close(timeout=_runtime.settings.shutdown_grace)
         _runtime.db.dispose()
 
 
-_parent_db = None
-
-
 def record_hard_timeout(payload, exc) -> None:
-    """Mark a job whose pool child was killed by the hard time limit as failed/timeout."""
-    global _parent_db
+    """In the main process: mark a job whose pool child was killed by the hard time
+    limit as failed/timeout."""
     from app.db.models import Job
-    from app.db.session import Database
     from app.jobs import transitions
     from app.jobs.payload import InvalidPayload, parse_payload
     from app.jobs.states import ErrorCode
@@ -169,9 +128,7 @@ def record_hard_timeout(payload, exc) -> None:
         job_id = parse_payload(payload).job_id
     except InvalidPayload:
         return
-    if _parent_db is None:
-        _parent_db = Database(load_settings().database_url, pool_size=1)
-    with _parent_db.session() as session:
+    with services().db.session() as session:
         failed = transitions.finish_failed(
             session,
             job_id,

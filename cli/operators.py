@@ -1,44 +1,48 @@
-"""Operators' commands on the `celery` CLI: `celery -A tasks dlq|jobs|queues …`.
+"""Operators' commands: `dlq`, `requeue`, `queues`, the same click commands on both CLIs.
 
-Registered through the `celery.commands` entry point (pyproject.toml), so they appear in
-`celery -A tasks --help` beside inspect, status and purge. Every destructive command
-asks first unless given --yes, and prints what it did, one line per job.
+`diffq dlq|requeue|queues …`, and `celery -A tasks dlq|requeue|queues …` through the
+`celery.commands` entry point (pyproject.toml), beside inspect, status and purge. On the
+celery CLI, `celery -A tasks jobs requeue` is the older spelling of `requeue` (on `diffq`,
+`jobs` is the API client's). Every destructive command asks first unless given --yes, and
+prints what it did, one line per job.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from functools import cache
 
 import click
 from celery.bin.base import CeleryCommand, handle_preload_options
 
 
-@cache
 def _services():
-    from app.broker.publish import Publisher
-    from app.catalog import load_catalog
-    from app.config import load_settings
-    from app.db.session import Database
+    from tasks.celery_app import services
 
-    settings = load_settings()
-    catalog = load_catalog(settings)
-    db = Database(settings.database_url, pool_size=1)
-    publisher = Publisher(catalog, embedded=settings.embedded, timeout=settings.publish_timeout)
-    return settings, catalog, db, publisher
+    return services()
+
+
+class DiffqContext:
+    """What these commands find in `ctx.obj` under `diffq` (the celery CLI gives its own
+    CLIContext): the Celery app, imported only by a command that uses it."""
+
+    @property
+    def app(self):
+        from tasks import app
+
+        return app
 
 
 def _dead_letters(ctx: click.Context, queues: tuple[str, ...]):
     from app.broker.deadletters import DeadLetters
 
-    _settings, catalog, db, _publisher = _services()
-    app = ctx.obj.app
+    svc = _services()
+    catalog, app = svc.catalog, ctx.obj.app
     chosen = list(queues) or catalog.queues
     unknown = sorted(set(chosen) - set(catalog.queues))
     if unknown:
         raise click.BadParameter(f"unknown queue(s) {unknown}; known: {catalog.queues}")
-    return DeadLetters(app.connection_for_write, db, chosen)
+    return DeadLetters(app.connection_for_write, svc.db, chosen)
 
 
 def _selection(job_ids: tuple[str, ...], error_code: str | None, everything: bool):
@@ -126,8 +130,7 @@ def dlq_requeue(ctx, queues, job_ids, error_code, everything, yes):
     goes back to `queued` in the same step)."""
     selection = _selection(job_ids, error_code, everything)
     _confirm(yes, "Requeue the selected dead letters?")
-    publisher = _services()[3]
-    _report(_dead_letters(ctx, queues).requeue(selection, publisher), "requeued")
+    _report(_dead_letters(ctx, queues).requeue(selection, _services().publisher), "requeued")
 
 
 @dlq.command("purge")
@@ -141,14 +144,7 @@ def dlq_purge(ctx, queues, job_ids, error_code, everything, yes):
     _report(_dead_letters(ctx, queues).purge(selection), "purged")
 
 
-@click.group(name="jobs")
-@click.pass_context
-@handle_preload_options
-def jobs(ctx):
-    """Jobs by id: requeue failed or stuck ones."""
-
-
-@jobs.command("requeue")
+@click.command(cls=CeleryCommand, name="requeue", short_help="Requeue failed or stuck jobs by id.")
 @click.argument("job_ids", nargs=-1, required=True)
 @click.option(
     "--stuck",
@@ -157,7 +153,8 @@ def jobs(ctx):
 )
 @click.option("--yes", "-y", is_flag=True, help="do not ask for confirmation")
 @click.pass_context
-def jobs_requeue(ctx, job_ids, stuck, yes):
+@handle_preload_options
+def requeue(ctx, job_ids, stuck, yes):
     """Queue failed jobs (or queued ones whose message was lost) again, with a fresh
     attempt budget, and publish them. Succeeded and canceled jobs are left alone."""
     from app.broker.publish import publish_and_mark
@@ -169,7 +166,8 @@ def jobs_requeue(ctx, job_ids, stuck, yes):
     except ValueError as exc:
         raise click.BadParameter(f"not a job id: {exc}") from exc
     _confirm(yes, f"Requeue {len(ids)} job(s)?")
-    _settings, _catalog, db, publisher = _services()
+    svc = _services()
+    db, publisher = svc.db, svc.publisher
     done = 0
     for job_id in ids:
         with db.session() as session:
@@ -186,7 +184,19 @@ def jobs_requeue(ctx, job_ids, stuck, yes):
     click.echo(f"requeued {done} of {len(ids)} job(s)")
 
 
-@click.command(cls=CeleryCommand, name="queues")
+@click.group(name="jobs")
+@click.pass_context
+@handle_preload_options
+def jobs(ctx):
+    """Jobs by id: `requeue` (the older spelling of `celery -A tasks requeue`)."""
+
+
+jobs.add_command(requeue)
+
+
+@click.command(
+    cls=CeleryCommand, name="queues", short_help="Depth of every work queue (and its DLQ)."
+)
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
 @click.pass_context
 @handle_preload_options
@@ -195,7 +205,8 @@ def queues(ctx, as_json):
     and consumers (RabbitMQ), dead letters, and the oldest queued job's age."""
     from app.metrics.readings import BrokerReadings, job_gauges
 
-    _settings, catalog, db, _publisher = _services()
+    svc = _services()
+    catalog, db = svc.catalog, svc.db
     values: dict[str, dict[str, float]] = {q: {} for q in catalog.queues}
     families = job_gauges(db, catalog.queues)
     families += BrokerReadings(ctx.obj.app.connection_for_read, catalog.queues).collect()
@@ -220,3 +231,7 @@ def queues(ctx, as_json):
     for queue, row in values.items():
         cells = "".join(f"{(f'{row[key]:.0f}' if key in row else '?'):>11}" for key, _ in columns)
         click.echo(f"{queue:<20}{cells}")
+
+
+# What `diffq` adds (its `jobs` is the API client's, cli/client.py).
+COMMANDS = (dlq, requeue, queues)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from kombu import Connection
 
-from tests.support import services
-from tests.support.seaweed import SeaweedS3
+from testbed import services
+from testbed.seaweed import SeaweedS3
 
 MODELS_TOML = """\
 default_model = "tiny"
@@ -76,7 +76,7 @@ class Stack:
 
 def build_tiny_model(path: Path) -> Path:
     subprocess.run(
-        [sys.executable, "-m", "app.cli", "model", "build-tiny", str(path)],
+        [sys.executable, "-m", "cli", "model", "build-tiny", str(path)],
         check=True,
         capture_output=True,
     )

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from tests.support.ports import free_port
+from testbed.ports import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 # Ports diffq's roles listen on in a container (API, webhook and GPU worker metrics, Flower).
 LISTEN_PORTS = (8000, 9807, 9808, 5555)
@@ -254,7 +254,7 @@ def localize(
     if command and command[0] == "diffq":
         # This interpreter, as it is: its path is ours, not the container's to map (it
         # may itself lie under /tmp).
-        command = [sys.executable, "-m", "app.cli", *command[1:]]
+        command = [sys.executable, "-m", "cli", *command[1:]]
     role.args = command
     env = {name: role.local_text(value) for name, value in workload.env.items()}
     env.update({k: v for k, v in secrets.items() if k in env})

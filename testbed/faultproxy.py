@@ -8,7 +8,7 @@ import socket
 import struct
 import threading
 
-from tests.support.ports import free_port
+from testbed.ports import free_port
 
 
 class FaultProxy:

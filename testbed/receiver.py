@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from tests.support.ports import free_port
+from testbed.ports import free_port
 
 
 @dataclass

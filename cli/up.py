@@ -10,9 +10,11 @@ import threading
 import time
 import urllib.request
 
-from app.catalog import load_catalog
-from app.cli.serve import gunicorn_command, prepare_api_metrics, relay_loop
-from app.config import Settings, load_settings
+import click
+
+from app.config import Settings
+from app.services import Services, root
+from cli.serve import gunicorn_command, prepare_api_metrics, relay_loop
 from workers.supervisor import ProcessGroup
 
 DEMO_TENANT = "demo"
@@ -20,18 +22,16 @@ DEMO_TENANT = "demo"
 STOP_GRACE_SECONDS = 20.0
 
 
-def _demo_key(settings: Settings) -> str:
+def _demo_key(svc: Services) -> str:
     """The demo tenant's key, kept in DIFFQ_HOME so each start prints the same one."""
-    from app.db.session import Database
     from app.keys import create_key, get_or_create_tenant
 
+    settings: Settings = svc.settings
     path = settings.home / "demo_api_key"
     if path.exists():
         return path.read_text().strip()
-    db = Database(settings.database_url, pool_size=1)
-    with db.session() as session:
+    with svc.db.session() as session:
         key = create_key(session, get_or_create_tenant(session, DEMO_TENANT), "diffq up")
-    db.dispose()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(key)
@@ -69,26 +69,29 @@ def _wait_ready(
     return False
 
 
-def run_embedded(bind: str | None) -> int:
+@click.command("up")
+@click.option("--bind", help="host:port (default DIFFQ_API_BIND, 127.0.0.1:8000)")
+def up(bind: str | None) -> int:
+    """Everything in one command, on the embedded defaults."""
     from app.db.migrate import upgrade
 
-    settings = load_settings()
+    svc = root(db_pool_size=1)  # the demo key and the relay's thread share it
+    settings = svc.settings
     settings.home.mkdir(parents=True, exist_ok=True)
-    catalog = load_catalog(settings)
-    default = catalog.get(None)
+    default = svc.catalog.get(None)
     if settings.models_file is None and not default.path.exists():
         print(f"building the tiny demo model in {default.path} ...", flush=True)
         from workers.tiny import build_tiny_model
 
         build_tiny_model(default.path)
     upgrade(settings.database_url)
-    key = _demo_key(settings)
+    key = _demo_key(svc)
     bind = bind or settings.api_bind
     url = f"http://{bind}"
 
     group = ProcessGroup()
     worker = group.start(
-        [sys.executable, "-m", "app.cli", "worker", "--gpus", "auto"],
+        [sys.executable, "-m", "cli", "worker", "--gpus", "auto"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -97,7 +100,7 @@ def run_embedded(bind: str | None) -> int:
         target=_echo_and_watch, args=(worker.stdout, "warmed up in", worker_ready), daemon=True
     ).start()
     group.start(
-        [sys.executable, "-m", "app.cli", "webhooks", "--concurrency", "4", "--metrics-port", "0"]
+        [sys.executable, "-m", "cli", "webhooks", "--concurrency", "4", "--metrics-port", "0"]
     )
     prepare_api_metrics(bind)
     group.start(gunicorn_command(bind, workers=1, threads=64))

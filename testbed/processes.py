@@ -13,7 +13,7 @@ from pathlib import Path
 
 import requests
 
-from tests.support.ports import free_port
+from testbed.ports import free_port
 
 
 class ManagedProcess:
@@ -89,7 +89,7 @@ def start_worker(
     args = [
         sys.executable,
         "-m",
-        "app.cli",
+        "cli",
         "worker",
         "--gpus",
         "none",
@@ -125,7 +125,7 @@ class ApiServer(ManagedProcess):
         args = [
             sys.executable,
             "-m",
-            "app.cli",
+            "cli",
             "api",
             "--bind",
             f"127.0.0.1:{self.port}",

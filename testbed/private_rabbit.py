@@ -11,7 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tests.support.ports import free_port, wait_for_port
+from testbed.ports import free_port, wait_for_port
 
 RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
 

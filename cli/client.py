@@ -5,7 +5,6 @@ Reads the API URL and key from --url/--key or DIFFQ_URL/DIFFQ_API_KEY.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -13,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import requests
 
 TERMINAL = ("succeeded", "failed", "canceled")
@@ -124,31 +124,33 @@ def watch(client: Client, job_id: str, *, show: bool) -> dict:
     return job
 
 
-def _body(args: argparse.Namespace, prompt: str) -> dict:
+FIELDS = (
+    "negative_prompt",
+    "model",
+    "width",
+    "height",
+    "steps",
+    "guidance_scale",
+    "seed",
+    "num_images",
+    "scheduler",
+    "output_format",
+    "priority",
+    "cancel_after",
+)
+
+
+def _body(prompt: str, options: dict) -> dict:
     body = {"prompt": prompt}
-    for field in (
-        "negative_prompt",
-        "model",
-        "width",
-        "height",
-        "steps",
-        "guidance_scale",
-        "seed",
-        "num_images",
-        "scheduler",
-        "output_format",
-        "priority",
-        "cancel_after",
-    ):
-        value = getattr(args, field, None)
-        if value is not None:
-            body[field] = value
+    for field in FIELDS:
+        if options.get(field) is not None:
+            body[field] = options[field]
     return body
 
 
-def _client(args: argparse.Namespace) -> Client:
-    url = args.url or os.environ.get("DIFFQ_URL") or "http://127.0.0.1:8000"
-    key = args.key or os.environ.get("DIFFQ_API_KEY")
+def _client(url: str | None, key: str | None) -> Client:
+    url = url or os.environ.get("DIFFQ_URL") or "http://127.0.0.1:8000"
+    key = key or os.environ.get("DIFFQ_API_KEY")
     if not key:
         raise ValueError("an API key is needed: --key or DIFFQ_API_KEY")
     return Client(url, key)
@@ -179,12 +181,49 @@ def _save_images(client: Client, job: dict, output: str) -> list[Path]:
     return saved
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    client = _client(args)
-    job = client.submit(_body(args, args.prompt))
+def _options(*options):
+    def apply(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return apply
+
+
+_connection = _options(
+    click.option("--url", help="API URL (default DIFFQ_URL or http://127.0.0.1:8000)"),
+    click.option("--key", help="API key (default DIFFQ_API_KEY)"),
+)
+_request = _options(
+    click.argument("prompt"),
+    click.option("--negative-prompt", "negative_prompt"),
+    click.option("--model"),
+    click.option("--width", type=int),
+    click.option("--height", type=int),
+    click.option("--steps", type=int),
+    click.option("--guidance-scale", "guidance_scale", type=float),
+    click.option("--seed", type=int),
+    click.option("--num-images", "num_images", type=int),
+    click.option("--scheduler"),
+    click.option("--format", "output_format", type=click.Choice(["png", "jpeg", "webp"])),
+    click.option("--priority", type=click.Choice(["low", "normal", "high"])),
+    click.option("--cancel-after", "cancel_after", type=int, help="seconds"),
+)
+_json = click.option("--json", "as_json", is_flag=True, help="print JSON")
+
+
+@click.command("generate")
+@_request
+@_connection
+@click.option("-o", "--output", default="out.png", help="file (several: out-N.png)")
+@click.option("-q", "--quiet", is_flag=True, help="no progress bar")
+def generate(prompt, url, key, output, quiet, **options) -> int:
+    """Submit a prompt, show live progress, save the images."""
+    client = _client(url, key)
+    job = client.submit(_body(prompt, options))
     print(f"job {job['id']} queued", file=sys.stderr)
     try:
-        job = watch(client, job["id"], show=not args.quiet)
+        job = watch(client, job["id"], show=not quiet)
     except KeyboardInterrupt:
         client.cancel(job["id"])
         print(f"job {job['id']} canceled", file=sys.stderr)
@@ -196,83 +235,73 @@ def cmd_generate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    for path in _save_images(client, job, args.output):
+    for path in _save_images(client, job, output):
         print(path)
     return 0
 
 
-def cmd_jobs(args: argparse.Namespace) -> int:
-    client = _client(args)
-    action = args.jobs_command
-    if action == "submit":
-        job = client.submit(_body(args, args.prompt), idempotency_key=args.idempotency_key)
-        if args.wait:
-            job = watch(client, job["id"], show=not args.json)
-        _print(job, args.json)
-    elif action == "get":
-        _print(client.get(args.job_id), args.json)
-    elif action == "list":
-        page = client.list(args.status, args.limit)
-        if args.json:
-            print(json.dumps(page, indent=2))
-        else:
-            for job in page["data"]:
-                _print(job, False)
-    elif action == "watch":
-        _print(watch(client, args.job_id, show=not args.json), args.json)
-    elif action == "cancel":
-        _print(client.cancel(args.job_id), args.json)
+@click.group("jobs", short_help="Your jobs through the API: submit, get, list, watch, cancel.")
+def jobs() -> None:
+    """Jobs, for scripts (--json): submit, get, list, watch, cancel (through the API)."""
+
+
+@jobs.command("submit")
+@_request
+@click.option("--idempotency-key", "idempotency_key")
+@click.option("--wait", is_flag=True, help="follow it to the end")
+@_connection
+@_json
+def jobs_submit(prompt, idempotency_key, wait, url, key, as_json, **options) -> int:
+    """Submit a job."""
+    client = _client(url, key)
+    job = client.submit(_body(prompt, options), idempotency_key=idempotency_key)
+    if wait:
+        job = watch(client, job["id"], show=not as_json)
+    _print(job, as_json)
     return 0
 
 
-def _connection_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", help="API URL (default DIFFQ_URL or http://127.0.0.1:8000)")
-    parser.add_argument("--key", help="API key (default DIFFQ_API_KEY)")
+@jobs.command("get")
+@click.argument("job_id")
+@_connection
+@_json
+def jobs_get(job_id, url, key, as_json) -> int:
+    """Show a job."""
+    _print(_client(url, key).get(job_id), as_json)
+    return 0
 
 
-def _request_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prompt")
-    parser.add_argument("--negative-prompt", dest="negative_prompt")
-    parser.add_argument("--model")
-    parser.add_argument("--width", type=int)
-    parser.add_argument("--height", type=int)
-    parser.add_argument("--steps", type=int)
-    parser.add_argument("--guidance-scale", dest="guidance_scale", type=float)
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--num-images", dest="num_images", type=int)
-    parser.add_argument("--scheduler")
-    parser.add_argument("--format", dest="output_format", choices=["png", "jpeg", "webp"])
-    parser.add_argument("--priority", choices=["low", "normal", "high"])
-    parser.add_argument("--cancel-after", dest="cancel_after", type=int, help="seconds")
+@jobs.command("watch")
+@click.argument("job_id")
+@_connection
+@_json
+def jobs_watch(job_id, url, key, as_json) -> int:
+    """Follow a job."""
+    _print(watch(_client(url, key), job_id, show=not as_json), as_json)
+    return 0
 
 
-def register(commands) -> None:
-    generate = commands.add_parser(
-        "generate", help="submit a prompt, show live progress, save the images"
-    )
-    _request_flags(generate)
-    _connection_flags(generate)
-    generate.add_argument("-o", "--output", default="out.png", help="file (several: out-N.png)")
-    generate.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    generate.set_defaults(handler=cmd_generate)
+@jobs.command("cancel")
+@click.argument("job_id")
+@_connection
+@_json
+def jobs_cancel(job_id, url, key, as_json) -> int:
+    """Cancel a job."""
+    _print(_client(url, key).cancel(job_id), as_json)
+    return 0
 
-    jobs = commands.add_parser("jobs", help="jobs, for scripts (--json)")
-    actions = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
-    submit = actions.add_parser("submit", help="submit a job")
-    _request_flags(submit)
-    submit.add_argument("--idempotency-key", dest="idempotency_key")
-    submit.add_argument("--wait", action="store_true", help="follow it to the end")
-    for name, text in (
-        ("get", "show a job"),
-        ("watch", "follow a job"),
-        ("cancel", "cancel a job"),
-    ):
-        action = actions.add_parser(name, help=text)
-        action.add_argument("job_id")
-    listing = actions.add_parser("list", help="your jobs, newest first")
-    listing.add_argument("--status", choices=["queued", "running", *TERMINAL])
-    listing.add_argument("--limit", type=int, default=20)
-    for action in actions.choices.values():
-        _connection_flags(action)
-        action.add_argument("--json", action="store_true", help="print JSON")
-    jobs.set_defaults(handler=cmd_jobs)
+
+@jobs.command("list")
+@click.option("--status", type=click.Choice(["queued", "running", *TERMINAL]))
+@click.option("--limit", type=int, default=20, show_default=True)
+@_connection
+@_json
+def jobs_list(status, limit, url, key, as_json) -> int:
+    """Your jobs, newest first."""
+    page = _client(url, key).list(status, limit)
+    if as_json:
+        print(json.dumps(page, indent=2))
+    else:
+        for job in page["data"]:
+            _print(job, False)
+    return 0

@@ -15,7 +15,7 @@ from pathlib import Path
 import boto3
 from botocore.config import Config
 
-from tests.support.ports import free_port
+from testbed.ports import free_port
 
 
 def weed_binary() -> str:

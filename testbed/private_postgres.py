@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg2
 
-from tests.support.ports import free_port
+from testbed.ports import free_port
 
 
 def _bin(name: str) -> str:

@@ -1,0 +1,282 @@
+"""The job object clients see, as a plain function of the row: `job_view` gives what the
+API answers GET /v1/jobs/{id} with (Python values: the REST response dumps it through
+`JobSchema`, the event streams send it as it is), `job_json` its JSON form, which is a
+webhook's `data`. No Flask here: the webhook worker renders jobs without an app.
+
+Links and relative image URLs are made absolute against `base_url`, the API's external
+URL: the request's in the API, DIFFQ_PUBLIC_URL in the webhook worker. Image URLs are
+signed at read time, so they stay fresh.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+from urllib.parse import urljoin
+
+import marshmallow as ma
+from marshmallow import fields
+
+from app.db.models import Job
+from app.jobs.queue_info import QueueInfo
+from app.storage import Storage
+from app.webhooks.events import selected
+
+# The API's routes for one job (app/web/resources/jobs; a test checks they match).
+JOB_PATHS = {
+    "self": "/v1/jobs/{id}",
+    "cancel": "/v1/jobs/{id}/cancel",
+    "events": "/v1/jobs/{id}/events",
+}
+
+
+def job_links(base_url: str, job_id: uuid.UUID) -> dict[str, str]:
+    base = base_url.rstrip("/")
+    return {name: base + path.format(id=job_id) for name, path in JOB_PATHS.items()}
+
+
+def image_url(storage: Storage, key: str, presign_ttl: int, base_url: str) -> str:
+    """A URL that downloads the image without an API key (a local store's is a path on
+    the API, made absolute here)."""
+    return urljoin(base_url, storage.url(key, presign_ttl))
+
+
+def _seconds(start, end) -> float | None:
+    if start is None or end is None:
+        return None
+    return round((end - start).total_seconds(), 3)
+
+
+def bytes_match(job: Job, original: Job | None) -> bool | None:
+    """A replay's verdict: its images byte for byte equal to the original's; None until
+    both have images with digests to compare."""
+    if original is None or job.result is None or original.result is None:
+        return None
+    mine = [image.get("sha256") for image in job.result.get("images", [])]
+    theirs = [image.get("sha256") for image in original.result.get("images", [])]
+    if not mine or None in mine or None in theirs:
+        return None
+    return mine == theirs
+
+
+def job_view(
+    job: Job,
+    storage: Storage,
+    presign_ttl: int,
+    base_url: str,
+    queue: QueueInfo | None = None,
+    original: Job | None = None,
+) -> dict[str, Any]:
+    result = None
+    if job.result is not None:
+        images = []
+        for image in job.result.get("images", []):
+            shown = {k: v for k, v in image.items() if k != "key"}
+            shown["url"] = image_url(storage, image["key"], presign_ttl, base_url)
+            images.append(shown)
+        result = {"images": images, "manifest": job.manifest}
+    error = {"code": job.error_code, "message": job.error_message} if job.error_code else None
+    return {
+        "id": job.id,
+        "status": job.status.value,
+        "model": job.model,
+        "input": job.input,
+        "progress": job.progress,
+        "queue_position": queue.position if queue else None,
+        "eta_seconds": queue.eta_seconds if queue else None,
+        "priority": job.priority.value,
+        "attempts": job.attempts,
+        "result": result,
+        "error": error,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "metrics": {
+            "queue_seconds": _seconds(job.created_at, job.started_at),
+            "run_seconds": _seconds(job.started_at, job.finished_at),
+        },
+        "urls": job_links(base_url, job.id),
+        "cost": {"gpu_seconds": round(job.gpu_seconds, 4), "device": job.device, "model": job.model}
+        if job.gpu_seconds is not None
+        else None,
+        "metadata": job.client_metadata,
+        "data_removed": job.data_removed_at is not None,
+        "webhook": job.webhook_url,
+        "webhook_events": list(selected(job.webhook_events)) if job.webhook_url else None,
+        "cached": job.cached_from is not None,
+        "cached_from": job.cached_from,
+        "replay": (
+            {"of": job.replay_of, "bytes_match": bytes_match(job, original)}
+            if job.replay_of
+            else None
+        ),
+    }
+
+
+def job_json(view: dict[str, Any]) -> dict[str, Any]:
+    """The view as JSON values, exactly as the REST response carries it."""
+    return _JOB_SCHEMA.dump(view)
+
+
+class ProgressSchema(ma.Schema):
+    stage = fields.String(
+        metadata={
+            "description": "queued, loading, encoding_prompt, denoising, decoding, uploading, done"
+        }
+    )
+    step = fields.Integer()
+    total_steps = fields.Integer()
+    percent = fields.Float()
+
+
+class ImageSchema(ma.Schema):
+    url = fields.String(metadata={"description": "Downloads without an API key; expires."})
+    width = fields.Integer()
+    height = fields.Integer()
+    seed = fields.Integer()
+    content_type = fields.String()
+    bytes = fields.Integer()
+    sha256 = fields.String(metadata={"description": "SHA-256 of the image file, hex."})
+
+
+class VersionsSchema(ma.Schema):
+    diffq = fields.String()
+    diffusers = fields.String()
+    torch = fields.String()
+    transformers = fields.String()
+
+
+class SchedulerManifestSchema(ma.Schema):
+    class_name = fields.String(
+        attribute="class", data_key="class", metadata={"example": "EulerDiscreteScheduler"}
+    )
+    config = fields.Dict(metadata={"description": "The scheduler's full config as run."})
+
+
+class ManifestSchema(ma.Schema):
+    model = fields.String()
+    weights_sha256 = fields.String(
+        metadata={"description": "SHA-256 over the model's weight files, computed at load."}
+    )
+    scheduler = fields.Nested(SchedulerManifestSchema)
+    seed = fields.Integer()
+    dtype = fields.String(metadata={"example": "float16"})
+    device = fields.String(metadata={"example": "NVIDIA H100 80GB HBM3"})
+    versions = fields.Nested(VersionsSchema)
+
+
+class ResultSchema(ma.Schema):
+    images = fields.List(fields.Nested(ImageSchema))
+    manifest = fields.Nested(
+        ManifestSchema,
+        allow_none=True,
+        metadata={"description": "How the images were made: enough to make them again."},
+    )
+
+
+class ReplaySchema(ma.Schema):
+    of = fields.UUID(metadata={"description": "The job whose inputs this one ran again."})
+    bytes_match = fields.Boolean(
+        allow_none=True,
+        metadata={
+            "description": "True if every image is byte for byte the original's; null until "
+            "both have finished with images."
+        },
+    )
+
+
+class JobErrorSchema(ma.Schema):
+    code = fields.String(
+        metadata={
+            "description": "invalid_input, invalid_message, model_unavailable, gpu_oom, timeout, "
+            "storage_unavailable, dead_lettered, internal_error, content_filtered (the model's "
+            "safety checker blacked out every image); for canceled jobs: canceled, "
+            "deadline"
+        }
+    )
+    message = fields.String()
+
+
+class JobMetricsSchema(ma.Schema):
+    queue_seconds = fields.Float(allow_none=True)
+    run_seconds = fields.Float(allow_none=True)
+
+
+class JobUrlsSchema(ma.Schema):
+    self = fields.String()
+    cancel = fields.String(metadata={"description": "POST here to cancel."})
+    events = fields.String(metadata={"description": "Server-Sent Events: status and progress."})
+
+
+class JobCostSchema(ma.Schema):
+    gpu_seconds = fields.Float(
+        metadata={
+            "description": "Device seconds inside the pipeline call (not queue time, not "
+            "the upload): what usage and quotas count.",
+            "example": 1.8421,
+        }
+    )
+    device = fields.String(
+        metadata={"description": "The device's name, as prices name it.", "example": "cpu"}
+    )
+    model = fields.String(metadata={"example": "tiny"})
+
+
+class JobSchema(ma.Schema):
+    id = fields.UUID()
+    status = fields.String(metadata={"description": "queued, running, succeeded, failed, canceled"})
+    model = fields.String()
+    input = fields.Dict(metadata={"description": "The normalized request, with the seed used."})
+    progress = fields.Nested(ProgressSchema, allow_none=True)
+    queue_position = fields.Integer(
+        allow_none=True,
+        metadata={
+            "description": "While queued: jobs that will start before this one (0: next). "
+            "Null in a submit's 202: the job's GET and its events have it."
+        },
+    )
+    eta_seconds = fields.Float(
+        allow_none=True,
+        metadata={
+            "description": "While queued: an estimate of the seconds until it starts, from the "
+            "model's recent per-step times and the jobs ahead; null until the model has run, "
+            "and in a submit's 202."
+        },
+    )
+    priority = fields.String(metadata={"description": "low, normal or high."})
+    attempts = fields.Integer()
+    result = fields.Nested(ResultSchema, allow_none=True)
+    error = fields.Nested(
+        JobErrorSchema,
+        allow_none=True,
+        metadata={"description": "Why it failed, or why it was canceled (canceled, deadline)."},
+    )
+    created_at = fields.DateTime()
+    started_at = fields.DateTime(allow_none=True)
+    finished_at = fields.DateTime(allow_none=True)
+    metrics = fields.Nested(JobMetricsSchema)
+    urls = fields.Nested(JobUrlsSchema)
+    cost = fields.Nested(
+        JobCostSchema,
+        allow_none=True,
+        metadata={"description": "Once succeeded: what the job cost. Null before."},
+    )
+    metadata = fields.Dict(allow_none=True)
+    data_removed = fields.Boolean(
+        metadata={
+            "description": "True once the images were deleted after the retention period "
+            "(DIFFQ_RESULT_RETENTION); `result` is then null."
+        }
+    )
+    webhook = fields.String(allow_none=True)
+    webhook_events = fields.List(fields.String(), allow_none=True)
+    cached = fields.Boolean(
+        metadata={"description": "Answered from the result cache: no GPU run (see `cache`)."}
+    )
+    cached_from = fields.UUID(
+        allow_none=True, metadata={"description": "The job whose images a cached job shares."}
+    )
+    replay = fields.Nested(ReplaySchema, allow_none=True)
+
+
+_JOB_SCHEMA = JobSchema()

@@ -1,0 +1,129 @@
+"""The composition root: what a process wires together, built once per process.
+
+Every process (the API, a GPU worker and its pool children, a webhook worker, the relay,
+each CLI command) reads its settings once, here, and gets the catalog, database, result
+store and publisher from one `Services`. Each resource is opened on first use, so a
+process holds only what it touches (the relay never loads a model; `diffq keys` never
+opens the store). The Celery app is passed in by a process that has one (a worker's,
+from tasks/), or built here for publishing (app/broker/celery.py): app/ never imports
+tasks/ or workers/.
+
+Importing the root also subscribes the listeners every process that changes jobs needs:
+webhook events are written in the transaction of each change (app/jobs/changes.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import cached_property
+
+from app.broker.publish import Publisher
+from app.catalog import Catalog, load_catalog
+from app.config import Settings, load_settings
+from app.db.session import Database
+from app.storage import Storage, open_storage
+from app.webhooks import events as _webhook_events  # noqa: F401 - subscribes to job changes
+
+
+class resource(cached_property):
+    """Built on first use, once even when threads race for it (a webhook worker's pool)."""
+
+    _lock = threading.RLock()
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        with self._lock:
+            return super().__get__(instance, owner)
+
+
+class Services:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        celery=None,
+        db_pool_size: int | None = None,
+        publish_pause: float = 0.0,
+        catalog: Catalog | None = None,
+    ) -> None:
+        self.settings = settings
+        if celery is not None:
+            self.__dict__["celery"] = celery
+        self._db_pool_size = db_pool_size
+        self._publish_pause = publish_pause
+        if catalog is not None:
+            self.__dict__["catalog"] = catalog
+
+    @resource
+    def catalog(self) -> Catalog:
+        return load_catalog(self.settings)
+
+    @resource
+    def db(self) -> Database:
+        if self._db_pool_size is None:
+            return Database(self.settings.database_url)
+        return Database(self.settings.database_url, pool_size=self._db_pool_size)
+
+    @resource
+    def storage(self) -> Storage:
+        return open_storage(self.settings)
+
+    @resource
+    def celery(self):
+        """The Celery app passed in (tasks/ gives a worker's), or a publishing one."""
+        from app.broker.celery import create_celery
+
+        return create_celery(lambda: self)
+
+    @resource
+    def publisher(self) -> Publisher:
+        return Publisher(
+            self.catalog,
+            embedded=self.settings.embedded,
+            timeout=self.settings.publish_timeout,
+            celery_app=self.celery,
+            pause_after_failure=self._publish_pause,
+            queue_type=self.settings.queue_type,
+        )
+
+    def opened(self, name: str) -> bool:
+        """Whether a resource (`db`, `storage`, ...) has been built yet."""
+        return name in self.__dict__
+
+    def derive(self, **options) -> Services:
+        """A root for a forked child: the same settings and catalog, its own connections."""
+        if self.opened("celery"):
+            options.setdefault("celery", self.celery)
+        return Services(self.settings, catalog=self.catalog, **options)
+
+    def close(self) -> None:
+        if self.opened("db"):
+            self.db.dispose()
+
+
+_root: Services | None = None
+
+
+def root(**options) -> Services:
+    """This process's root, built (and its settings read) on the first call; `options`
+    (the Celery app, the pool size) count only on that first call."""
+    global _root
+    if _root is None:
+        _root = Services(load_settings(), **options)
+    return _root
+
+
+def reset() -> None:
+    """Close and forget this process's root (a CLI run in a process that outlives it)."""
+    global _root
+    if _root is not None:
+        _root.close()
+    _root = None
+
+
+def install(services: Services) -> Services:
+    """Make `services` this process's root (a forked child, a test)."""
+    global _root
+    _root = services
+    return services

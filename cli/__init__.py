@@ -1,0 +1,61 @@
+"""The `diffq` command: run the service's parts, administer it, and use it.
+
+One click tree: the service (cli/serve.py, cli/up.py), administration (cli/admin.py),
+the operators' commands shared with `celery -A tasks` (cli/operators.py) and the API
+client (cli/client.py). cli/ sits above the layers it wires (app/, workers/, tasks/); each
+command builds its process's root (app/services.py) on first use.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from app import logs, services
+from cli import admin, client, operators, serve, up
+
+
+@click.group("diffq", context_settings={"help_option_names": ["-h", "--help"]})
+def diffq() -> None:
+    """diffq: text-to-image diffusion models as durable asynchronous jobs."""
+
+
+for command in (
+    serve.api,
+    serve.worker,
+    serve.relay,
+    serve.webhooks,
+    serve.flower,
+    up.up,
+    *admin.COMMANDS,
+    *operators.COMMANDS,
+    client.generate,
+    client.jobs,
+):
+    diffq.add_command(command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logs.configure("INFO", os.environ.get("DIFFQ_LOG_FORMAT", "text").strip().lower())
+    try:
+        result = diffq.main(
+            argv, prog_name="diffq", standalone_mode=False, obj=operators.DiffqContext()
+        )
+    except KeyboardInterrupt:
+        return 130
+    except click.exceptions.Exit as exc:  # --help
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.Abort:
+        print("Aborted!", file=sys.stderr)
+        return 1
+    except (ValueError, FileNotFoundError, FileExistsError, client.ApiError) as exc:
+        print(f"diffq: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        services.reset()  # the command's root: its settings and connections end with it
+    return result if isinstance(result, int) else 0

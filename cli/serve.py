@@ -1,0 +1,232 @@
+"""Running the service: `diffq api`, `diffq worker`, `diffq relay`, `diffq webhooks`,
+`diffq flower` (`diffq up`, all of them in one process tree, is cli/up.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from app.broker.topology import WEBHOOK_QUEUE
+from app.services import root
+
+log = logging.getLogger(__name__)
+
+# gunicorn's access log, as JSON lines when DIFFQ_LOG_FORMAT=json.
+JSON_ACCESS_LOG = (
+    '{"time": "%(t)s", "logger": "gunicorn.access", "remote": "%(h)s", "method": "%(m)s", '
+    '"path": "%(U)s", "status": %(s)s, "bytes": "%(B)s", "duration_us": %(D)s}'
+)
+
+
+def gunicorn_command(bind: str, workers: int, threads: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "app.web.factory:create_app()",
+        f"--bind={bind}",
+        f"--workers={workers}",
+        "--worker-class=gthread",
+        f"--threads={threads}",
+        # gthread counts every open connection (event streams included) against this.
+        f"--worker-connections={max(1000, 2 * threads)}",
+        "--access-logfile=-",
+        *(
+            [f"--access-logformat={JSON_ACCESS_LOG}"]
+            if root().settings.log_format == "json"
+            else []
+        ),
+        "--graceful-timeout=20",
+        f"--keep-alive={max(1, round(root().settings.http_keepalive))}",
+    ]
+
+
+def prepare_api_metrics(bind: str) -> None:
+    """Give the gunicorn process tree its multiprocess metrics folder (emptied)."""
+    from app.metrics import multiproc
+
+    name = "api-" + bind.replace(":", "_").replace("/", "_")
+    multiproc.use_directory(root().settings.metrics_dir / name)
+
+
+_bind = click.option("--bind", help="host:port (default DIFFQ_API_BIND, 127.0.0.1:8000)")
+
+
+@click.command("api")
+@_bind
+@click.option("--workers", type=int, default=2, show_default=True, help="gunicorn processes")
+@click.option(
+    "--threads",
+    type=int,
+    default=256,
+    show_default=True,
+    help="threads per process; each open event stream holds one",
+)
+def api(bind: str | None, workers: int, threads: int) -> int:
+    """Serve the HTTP API with gunicorn."""
+    bind = bind or root().settings.api_bind
+    prepare_api_metrics(bind)
+    command = gunicorn_command(bind, workers, threads)
+    os.execv(command[0], command)
+    return 1  # not reached
+
+
+@click.command("worker")
+@click.option(
+    "--gpus",
+    default="auto",
+    show_default=True,
+    help="GPU indexes like 0,1; 'all' for every GPU nvidia-smi lists (an error where it "
+    "lists none); 'auto': those, or the CPU; 'none' for the CPU",
+)
+@click.option("--models", help="comma-separated model names (default: all configured)")
+@click.option(
+    "--queues",
+    help="comma-separated queues to consume instead of the models' (e.g. only a model's "
+    "high_priority_queue, for an on-demand pool)",
+)
+@click.option(
+    "--name",
+    help="node name prefix (default gpu, giving gpu0@host…; cpu without GPUs); "
+    "two workers on one host need different names",
+)
+@click.option("--loglevel", default="info", show_default=True)
+def worker(gpus: str, models: str | None, queues: str | None, name: str | None, loglevel: str):
+    """Run GPU workers, one process per GPU."""
+    from workers.devices import NoGpus, parse_gpus
+    from workers.supervisor import queues_for, run_workers
+
+    svc = root()
+    chosen_models = [m.strip() for m in models.split(",")] if models else None
+    chosen_queues = [q.strip() for q in queues.split(",")] if queues else None
+    try:
+        devices = parse_gpus(gpus)
+    except (NoGpus, ValueError) as exc:
+        print(f"diffq worker: {exc}", file=sys.stderr)
+        return 2
+    return run_workers(
+        devices,
+        queues_for(svc.catalog, chosen_models, chosen_queues),
+        loglevel,
+        name=name,
+        # Past the shutdown grace, jobs are handed back; give that a minute to finish.
+        grace=svc.settings.shutdown_grace + 60,
+        settings=svc.settings,
+    )
+
+
+def relay_loop(stop: threading.Event, interval: float, heartbeat: str | None = None) -> None:
+    from app.housekeeping.relay import relay_pass
+    from app.services import root
+
+    svc = root(db_pool_size=1)
+    settings, db, publisher, storage = svc.settings, svc.db, svc.publisher, svc.storage
+    while not stop.is_set():
+        try:
+            relay_pass(db, publisher, settings, storage)
+        except Exception:
+            log.exception("relay pass failed; retrying")
+        if heartbeat:
+            # The loop turns (a pass that failed on a broker or database outage counts:
+            # restarting the relay would not bring either back).
+            Path(heartbeat).touch()
+        stop.wait(interval)
+    db.dispose()
+
+
+@click.command(
+    "relay",
+    short_help="Housekeeping: the outbox's backstop, leases, deadlines, aging.",
+)
+@click.option(
+    "--interval", type=float, default=2.0, show_default=True, help="seconds between scans"
+)
+@click.option(
+    "--heartbeat",
+    help="a file touched after every pass, failed or not (a liveness probe checks its age)",
+)
+def relay(interval: float, heartbeat: str | None) -> int:
+    """Housekeeping: publish jobs whose first publish failed, requeue jobs whose worker
+    vanished, cancel jobs past their deadline, raise long-waiting jobs' priority."""
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    relay_loop(stop, interval, heartbeat)
+    return 0
+
+
+def webhooks_command(concurrency: int, name: str, loglevel: str) -> list[str]:
+    from workers.supervisor import worker_command
+
+    return worker_command(name, [WEBHOOK_QUEUE], loglevel, pool="threads", concurrency=concurrency)
+
+
+@click.command("webhooks", short_help="Deliver webhooks (a CPU worker, no model).")
+@click.option(
+    "--concurrency", type=int, default=16, show_default=True, help="deliveries at once (threads)"
+)
+@click.option("--name", default="webhooks", show_default=True, help="node name prefix")
+@click.option(
+    "--metrics-port", type=int, default=9807, show_default=True, help="its /metrics port (0: off)"
+)
+@click.option("--loglevel", default="info", show_default=True)
+def webhooks(concurrency: int, name: str, metrics_port: int, loglevel: str) -> int:
+    """Deliver webhooks: a CPU worker on the webhooks queue (no GPU, no model)."""
+    from app.metrics import multiproc
+    from workers import metrics as worker_metrics
+
+    env = dict(os.environ, DIFFQ_WORKER_METRICS_PORT=str(max(0, metrics_port)))
+    if metrics_port > 0:
+        folder = multiproc.use_directory(worker_metrics.directory(root().settings, name))
+        env[multiproc.ENV] = str(folder)
+    command = webhooks_command(concurrency, name, loglevel)
+    os.execve(command[0], command, env)
+    return 1  # not reached
+
+
+def management_api_url(broker_url: str) -> str:
+    """RabbitMQ's management API beside an amqp:// broker URL (same host and user, port
+    15672): what Flower's broker tab reads when DIFFQ_RABBITMQ_API_URL is not set."""
+    from urllib.parse import quote, unquote, urlsplit
+
+    parts = urlsplit(broker_url)
+    user = quote(unquote(parts.username or "guest"), safe="")
+    password = quote(unquote(parts.password or "guest"), safe="")
+    return f"http://{user}:{password}@{parts.hostname or '127.0.0.1'}:15672/api/"
+
+
+@click.command("flower", short_help="Flower, Celery's dashboard, with authentication on.")
+@click.option("--bind", default="127.0.0.1:5555", show_default=True, help="host:port")
+def flower(bind: str) -> int:
+    """Flower, Celery's dashboard, on our app, with authentication on."""
+    settings = root().settings
+    if not settings.flower_auth or ":" not in settings.flower_auth:
+        raise ValueError(
+            "set DIFFQ_FLOWER_AUTH=user:password: Flower can revoke tasks and shut workers "
+            "down, so diffq does not serve it without authentication"
+        )
+    if settings.embedded:
+        raise ValueError("Flower needs RabbitMQ: set DIFFQ_BROKER_URL")
+    host, _, port = bind.rpartition(":")
+    env = dict(os.environ)
+    # Through the environment, not the command line: ps shows arguments to everyone.
+    env["FLOWER_BASIC_AUTH"] = settings.flower_auth
+    env["FLOWER_BROKER_API"] = settings.rabbitmq_api_url or management_api_url(settings.broker_url)
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tasks",
+        "flower",
+        f"--address={host or '127.0.0.1'}",
+        f"--port={port}",
+    ]
+    os.execve(command[0], command, env)
+    return 1  # not reached

@@ -1,1 +1,0 @@
-"""Helpers that start and inspect the real services the tests use."""
