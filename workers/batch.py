@@ -26,7 +26,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from app.db.models import Job
 from app.db.types import utcnow
-from app.jobs import transitions
+from app.jobs import fairness, transitions
 from app.jobs.payload import InvalidPayload, parse_payload
 from app.jobs.states import ErrorCode, JobStatus
 from app.logs import job_context
@@ -157,8 +157,13 @@ def _pixels(job: Job) -> int:
 def _claim_member(
     rt: WorkerRuntime, leader: Job, permit: Permit, room: int | None = None
 ) -> Job | None:
-    """Claim the message's own job if it can join the leader's batch (and fits in `room`
-    pixels, where given)."""
+    """Claim a job for the leader's batch on this message, or None (the message goes back).
+
+    The message is a permit, as in the ordinary path (docs/fair-share.md): with fair share
+    on, it starts the fairest *compatible* waiting job of its priority (its own job when
+    that is its tenant's turn), that job's own message becoming a spare permit; without
+    fair share, only its own job, if compatible. The job must fit in `room` pixels.
+    """
     if permit.redelivered:
         return None  # its run may need taking over: the ordinary path knows how
     try:
@@ -166,35 +171,72 @@ def _claim_member(
     except InvalidPayload:
         return None  # the ordinary path dead-letters it
     with rt.db.session() as session:
-        job = session.get(Job, payload.job_id)
-        if (
-            job is None
-            or job.status != JobStatus.QUEUED
-            or job.model != leader.model
-            or (job.deadline_at is not None and job.deadline_at <= utcnow())
-            or not compatible(job.input, leader.input)
-            or (room is not None and _pixels(job) > room)
-        ):
+        own = session.get(Job, payload.job_id)
+        if own is None or own.queue != leader.queue:
+            return None
+        target = _member_for(rt, session, leader, own)
+        if target is None or (room is not None and _pixels(target) > room):
             return None
         claim = transitions.claim_job(
             session,
-            job.id,
+            target.id,
             owner=rt.owner,
             redelivered=False,
             max_attempts=rt.settings.max_attempts,
             lease_seconds=rt.settings.lease_seconds,
+            permit_id=None if target.id == own.id else own.id,
         )
         if claim.kind != transitions.ClaimKind.CLAIMED:
             return None
         assert claim.job is not None
         log.info(
-            "job %s claimed (attempt %d), joining the batch of job %s",
+            "job %s claimed (attempt %d), joining the batch of job %s%s",
             claim.job.id,
             claim.job.attempts,
             leader.id,
+            "" if target.id == own.id else f", on the message of job {own.id} (fair share)",
             extra={"job_id": str(claim.job.id), "tenant": str(claim.job.tenant_id)},
         )
         return claim.job
+
+
+def _member_for(rt: WorkerRuntime, session: Any, leader: Job, own: Job) -> Job | None:
+    now = utcnow()
+    waiting = own.status == JobStatus.QUEUED and own.published_at is not None
+    spare = own.status != JobStatus.QUEUED and own.permit_id is not None
+    if rt.settings.fair_share and (waiting or spare):
+        return fairness.fairest(
+            session,
+            own.queue,
+            own.publish_priority,
+            now,
+            rt.settings.fair_share_window,
+            prefer=own.tenant_id if waiting else None,
+            where=_compatible_with(leader),
+        )
+    if (
+        own.status == JobStatus.QUEUED
+        and own.model == leader.model
+        and (own.deadline_at is None or own.deadline_at > now)
+        and compatible(own.input, leader.input)
+    ):
+        return own
+    return None
+
+
+def _compatible_with(leader: Job) -> Any:
+    """SQL: a job that may share the leader's pipeline call (workers/batching.py)."""
+    from sqlalchemy import and_
+
+    params = leader.input
+    return and_(
+        Job.model == leader.model,
+        Job.input["width"].as_integer() == int(params["width"]),
+        Job.input["height"].as_integer() == int(params["height"]),
+        Job.input["steps"].as_integer() == int(params["steps"]),
+        Job.input["guidance_scale"].as_float() == float(params["guidance_scale"]),
+        Job.input["scheduler"].as_string() == str(params.get("scheduler", "default")),
+    )
 
 
 def execute_batch(

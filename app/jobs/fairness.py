@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import ColumnElement, and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.db.models import Job, Tenant
@@ -80,11 +80,16 @@ def fairest(
     now: datetime,
     window: float,
     prefer: uuid.UUID | None = None,
+    where: ColumnElement[bool] | None = None,
 ) -> Job | None:
     """The oldest waiting job (at `priority`) of the tenant with the least weighted recent
-    GPU time; ties go to the `prefer` tenant, then to the oldest job."""
+    GPU time; ties go to the `prefer` tenant, then to the oldest job. `where` narrows the
+    waiting jobs (a batch: those that may share its pipeline call, workers/batch.py)."""
     rank = func.row_number().over(partition_by=Job.tenant_id, order_by=Job.id).label("rank")
-    waiting = select(Job.tenant_id, Job.id, rank).where(_waiting(queue, priority, now)).subquery()
+    condition = _waiting(queue, priority, now)
+    if where is not None:
+        condition = and_(condition, where)
+    waiting = select(Job.tenant_id, Job.id, rank).where(condition).subquery()
     heads = dict(
         session.execute(select(waiting.c.tenant_id, waiting.c.id).where(waiting.c.rank == 1)).all()
     )

@@ -41,10 +41,13 @@ def _ready(stack, queue: str) -> int:
 
 
 def test_take_ack_pass_back_and_close(stack, queue):
+    from app.broker.celery import create_celery
+    from app.config import load_settings
+    from app.services import Services
     from tasks.batching import BrokerPermits
-    from tasks.celery_app import create_celery
 
-    app = create_celery()
+    root = Services(load_settings())  # its own root: the process's stays untouched
+    app = create_celery(lambda: root)
     ids = [str(uuid.uuid4()) for _ in range(3)]
     for job_id in ids:
         _send(app, queue, job_id)
@@ -73,4 +76,5 @@ def test_take_ack_pass_back_and_close(stack, queue):
             p.ack()
     finally:
         again.close()
+        root.close()
     assert _ready(stack, queue) == 0

@@ -261,3 +261,46 @@ def test_a_broker_lost_while_gathering_leaves_the_job_to_run_alone(runtime, db):
     with db.session() as session:
         assert session.get(Job, leader_id).status == JobStatus.SUCCEEDED
         assert session.get(Job, member_id).status == JobStatus.RUNNING
+
+
+def _publish(db, *job_ids) -> None:
+    """As the API's confirmed publish does: fair share counts only published jobs."""
+    from app.db.types import utcnow
+
+    with db.session() as session:
+        for job_id in job_ids:
+            session.get(Job, job_id).published_at = utcnow()
+
+
+def test_fair_share_picks_a_batchs_members_too(runtime, db):
+    """A tenant that used the GPU lately does not fill the batch behind another's job: each
+    further message starts the fairest compatible job, as a delivery does."""
+    from app.db.types import utcnow
+
+    busy, light = f"busy-{uuid.uuid4().hex[:8]}", f"light-{uuid.uuid4().hex[:8]}"
+    spent_id = _new_job(db, busy, seed=100)[0]
+    with db.session() as session:  # busy used 100 GPU-seconds a moment ago
+        spent = session.get(Job, spent_id)
+        spent.status, spent.gpu_seconds, spent.finished_at = JobStatus.SUCCEEDED, 100.0, utcnow()
+    busy_jobs = [_new_job(db, busy, seed=i) for i in range(3)]
+    light_jobs = [_new_job(db, light, seed=10 + i) for i in range(2)]
+    _publish(db, *(j for j, _ in busy_jobs + light_jobs))
+    # The first message is busy's oldest job's; the batch's further ones are busy's too.
+    permits = [FakePermit(db, job_id, payload, runtime.owner) for job_id, payload in busy_jobs[1:]]
+    outcome = execute.execute_job(
+        runtime, busy_jobs[0][1], redelivered=False, open_permits=lambda q: FakeSource(permits)
+    )
+    if runtime.postprocessor is not None:
+        assert runtime.postprocessor.drain(timeout=60)
+    assert outcome.verdict == execute.Verdict.ACK
+    with db.session() as session:
+        rows = {j: session.get(Job, j) for j, _ in busy_jobs + light_jobs}
+        ran = {j for j, row in rows.items() if row.status == JobStatus.SUCCEEDED}
+        permits_of = {j: row.permit_id for j, row in rows.items()}
+    light_ids = {j for j, _ in light_jobs}
+    print(f"ran: light {len(ran & light_ids)}, busy {len(ran - light_ids)}")
+    # Both of light's jobs ran in the batch, on busy's messages; busy's oldest took the
+    # third place; busy's other two jobs wait, each holding a message (light's two, spare).
+    assert light_ids <= ran and len(ran) == 3
+    assert all(permits_of[j] is not None for j in light_ids)
+    assert [p.settled for p in permits] == [["ack"], ["ack"]]
