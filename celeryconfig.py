@@ -73,5 +73,8 @@ task_time_limit = 660
 
 # --- Events for Flower ---------------------------------------------------------------
 worker_send_task_events = True
-task_send_sent_event = True
+# No task-sent event: it is a second message, with its own confirm, on every submit
+# (docs/submit.md). Flower lists a task from the moment a worker receives it; what waits
+# in a queue is on its broker page and in /metrics.
+task_send_sent_event = False
 worker_hijack_root_logger = False

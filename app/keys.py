@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import ApiKey, Tenant
@@ -60,20 +60,48 @@ def create_key(session: Session, tenant: Tenant, label: str | None = None) -> st
     return new.plaintext
 
 
-def authenticate(session: Session, presented: str) -> uuid.UUID | None:
-    """The tenant id a presented key belongs to, or None (malformed, unknown or revoked)."""
+_keys, _tenants = ApiKey.__table__, Tenant.__table__
+_FIND = (
+    select(
+        _keys.c.tenant_id,
+        _keys.c.secret_hash,
+        _keys.c.revoked_at,
+        _keys.c.last_used_at,
+        _tenants.c.daily_gpu_seconds,
+    )
+    .join_from(_keys, _tenants, _keys.c.tenant_id == _tenants.c.id)
+    .where(_keys.c.key_id == bindparam("kid"))
+)
+_TOUCH = (
+    update(_keys).where(_keys.c.key_id == bindparam("kid")).values(last_used_at=bindparam("now"))
+)
+
+
+@dataclass(frozen=True)
+class Authenticated:
+    tenant_id: uuid.UUID
+    key_id: str
+    touched: bool  # last_used_at written in the session's transaction, for its commit
+    daily_gpu_seconds: float | None  # the tenant's quota, read with the key
+
+
+def authenticate(session: Session, presented: str) -> Authenticated | None:
+    """Whose a presented key is, or None (malformed, unknown or revoked). One read; a
+    stale last_used_at is updated in the caller's transaction."""
     match = _KEY_RE.match(presented)
     if match is None:
         return None
-    row = session.scalar(select(ApiKey).where(ApiKey.key_id == match.group(1)))
+    key_id = match.group(1)
+    row = session.execute(_FIND, {"kid": key_id}).first()
     if row is None or row.revoked_at is not None:
         return None
     if not hmac.compare_digest(row.secret_hash, _hash(presented)):
         return None
     now = utcnow()
-    if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
-        row.last_used_at = now  # left for the caller's commit (session.dirty says so)
-    return row.tenant_id
+    touched = row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION
+    if touched:
+        session.execute(_TOUCH, {"kid": key_id, "now": now})
+    return Authenticated(row.tenant_id, key_id, touched, row.daily_gpu_seconds)
 
 
 def revoke_key(session: Session, key_id: str) -> bool:

@@ -8,11 +8,11 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import Connection, Uuid, bindparam, delete, func, select, text, update
 from sqlalchemy.orm import Session
 
-from app.db.models import Job, RequestCount
-from app.db.types import utcnow
+from app.db.models import Job, RequestCount, SubmitReservation
+from app.db.types import UTCDateTime, utcnow
 from app.jobs.states import JobStatus
 from app.jobs.transitions import relaxed_commit
 
@@ -25,6 +25,24 @@ class Verdict:
     retry_after: int = 0  # seconds, for the Retry-After header
 
 
+def _count_statement(dialect: str):
+    """The upsert that counts a request, built once per dialect."""
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    table = RequestCount.__table__
+    statement = insert(table).values(
+        key_id=bindparam("kid"), window_start=bindparam("win"), count=1
+    )
+    return statement.on_conflict_do_update(
+        index_elements=["key_id", "window_start"], set_={"count": table.c.count + 1}
+    ).returning(table.c.count)
+
+
+_COUNT = {name: _count_statement(name) for name in ("postgresql", "sqlite")}
+
+
 def count_request(session: Session, key_id: str, limit: int) -> Verdict:
     """Count one request against the key's current minute; over `limit` it is refused
     until the next minute starts. One atomic upsert: exact under concurrency."""
@@ -33,17 +51,9 @@ def count_request(session: Session, key_id: str, limit: int) -> Verdict:
     now = utcnow()
     epoch = int(now.timestamp()) // WINDOW_SECONDS * WINDOW_SECONDS
     window = datetime.fromtimestamp(epoch, UTC)
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
     relaxed_commit(session)  # a count lost in a crash lets one extra request through
-    statement = insert(RequestCount).values(key_id=key_id, window_start=window, count=1)
-    statement = statement.on_conflict_do_update(
-        index_elements=["key_id", "window_start"], set_={"count": RequestCount.count + 1}
-    ).returning(RequestCount.count)
-    count = session.execute(statement).scalar_one()
+    statement = _COUNT[session.get_bind().dialect.name]
+    count = session.execute(statement, {"kid": key_id, "win": window}).scalar_one()
     session.commit()
     if count <= limit:
         return Verdict(True)
@@ -52,33 +62,124 @@ def count_request(session: Session, key_id: str, limit: int) -> Verdict:
 
 
 def forget_old_windows(session: Session) -> int:
-    """The relay's cleanup: counts of windows long past."""
+    """The relay's cleanup: counts of windows long past, and the slots of submits that
+    died before storing their job (they stopped counting after RESERVATION_SECONDS)."""
     cutoff = utcnow() - timedelta(seconds=10 * WINDOW_SECONDS)
+    session.execute(
+        delete(SubmitReservation).where(
+            SubmitReservation.created_at < utcnow() - timedelta(seconds=RESERVATION_SECONDS)
+        )
+    )
     return session.execute(delete(RequestCount).where(RequestCount.window_start < cutoff)).rowcount
+
+
+_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
+_jobs = Job.__table__
+_QUEUED = (
+    select(func.count())
+    .select_from(_jobs)
+    .where(_jobs.c.tenant_id == bindparam("tenant"), _jobs.c.status == JobStatus.QUEUED.value)
+)
 
 
 def lock_tenant(session: Session, tenant_id: uuid.UUID) -> None:
     """A transaction-scoped lock per tenant (PostgreSQL): count-then-write decisions about
     one tenant's jobs are made one at a time across every process, until the commit or
-    rollback that follows. (SQLite serialises writers anyway.)"""
+    rollback that follows. (In SQLite a write waits for the writer before it.)"""
     if session.get_bind().dialect.name == "postgresql":
-        key = uuid.UUID(str(tenant_id)).int & 0x7FFFFFFFFFFFFFFF
-        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+        session.execute(_LOCK, {"key": uuid.UUID(str(tenant_id)).int & 0x7FFFFFFFFFFFFFFF})
 
 
-def reserve_queued_slot(session: Session, tenant_id: uuid.UUID, cap: int) -> Verdict:
-    """Before inserting a job: is the tenant under its cap of queued jobs?"""
+def over_queued_cap(session: Session, tenant_id: uuid.UUID, cap: int) -> Verdict:
+    """After the new job's INSERT, the tenant locked: is it within its cap of queued
+    jobs (the new one counted)? Used where the in-flight cap already locks the tenant
+    until the job's commit."""
     if cap <= 0:
         return Verdict(True)
-    lock_tenant(session, tenant_id)
-    queued = session.scalar(
-        select(func.count())
-        .select_from(Job)
-        .where(Job.tenant_id == tenant_id, Job.status == JobStatus.QUEUED)
-    )
-    if queued < cap:
+    if session.execute(_QUEUED, {"tenant": tenant_id}).scalar_one() <= cap:
         return Verdict(True)
     return Verdict(False, 10)
+
+
+RESERVATION_SECONDS = 60  # far beyond a live submit (statements time out after 15 s)
+_reserved = SubmitReservation.__table__
+_RESERVE = _reserved.insert()
+_RESERVE_CALL = text(
+    "SELECT diffq_reserve_slot(:job, :tenant, :cap, :now, :since, :lock)"
+).bindparams(
+    bindparam("job", type_=Uuid()),
+    bindparam("tenant", type_=Uuid()),
+    bindparam("now", type_=UTCDateTime()),
+    bindparam("since", type_=UTCDateTime()),
+)
+_RELEASE = _reserved.delete().where(_reserved.c.job_id == bindparam("job"))
+_TAKEN = select(
+    _QUEUED.scalar_subquery()
+    + select(func.count())
+    .select_from(_reserved)
+    .where(
+        _reserved.c.tenant_id == bindparam("tenant"),
+        _reserved.c.created_at > bindparam("since"),
+    )
+    .scalar_subquery()
+)
+
+
+def reserve_queued_slot(
+    session: Session, tenant_id: uuid.UUID, job_id: uuid.UUID, cap: int
+) -> Verdict:
+    """Take a slot under the tenant's cap of queued jobs for a job about to be stored, in
+    a transaction of its own that commits without waiting for the WAL flush: the
+    tenant's lock is held inside one call and its commit, never across a job's
+    durable commit, so a tenant's submits overlap while the cap stays exact (the slots
+    of submits in progress are counted with the queued jobs). The job's transaction
+    releases the slot (`release_slot`) as it stores the job."""
+    if cap <= 0:
+        return Verdict(True)
+    now = utcnow()
+    since = now - timedelta(seconds=RESERVATION_SECONDS)
+    if session.get_bind().dialect.name == "postgresql":
+        # The same steps in one call, in autocommit (migration 0008): the tenant's lock is
+        # taken and released inside the server, with no round trip while it is held.
+        params = {
+            "job": job_id,
+            "tenant": tenant_id,
+            "cap": cap,
+            "now": now,
+            "since": since,
+            "lock": uuid.UUID(str(tenant_id)).int & 0x7FFFFFFFFFFFFFFF,
+        }
+        session.commit()  # what was read so far: the call runs outside a transaction
+        bind = session.get_bind()
+        if isinstance(bind, Connection):  # the request's own connection, idle now
+            if bind.in_transaction():
+                bind.commit()
+            bind.execution_options(isolation_level="AUTOCOMMIT")
+            try:
+                allowed = bind.execute(_RESERVE_CALL, params).scalar_one()
+                bind.commit()  # SQLAlchemy's marker only: the call committed itself
+            finally:
+                if bind.in_transaction():
+                    bind.rollback()
+                bind.execution_options(isolation_level=bind.default_isolation_level)
+        else:
+            with bind.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                allowed = conn.execute(_RESERVE_CALL, params).scalar_one()
+        return Verdict(True) if allowed else Verdict(False, 10)
+    # SQLite: the INSERT makes later writers wait until this commit.
+    relaxed_commit(session)
+    session.execute(_RESERVE, {"job_id": job_id, "tenant_id": tenant_id, "created_at": now})
+    taken = session.execute(_TAKEN, {"tenant": tenant_id, "since": since}).scalar_one()
+    if taken > cap:  # its own slot counted
+        session.rollback()
+        return Verdict(False, 10)
+    session.commit()
+    return Verdict(True)
+
+
+def release_slot(session: Session, job_id: uuid.UUID) -> None:
+    """In the job's transaction (or after it failed): the submit's slot is free again."""
+    session.execute(_RELEASE, {"job": job_id})
 
 
 def in_flight(session: Session, tenant_id: uuid.UUID) -> int:
@@ -95,12 +196,13 @@ def in_flight(session: Session, tenant_id: uuid.UUID) -> int:
     )
 
 
-def may_admit(session: Session, tenant_id: uuid.UUID, cap: int) -> bool:
-    """At submit (the tenant locked): does a new job go to the broker now, or wait?"""
-    if cap <= 0:
+def admit_new(session: Session, tenant_id: uuid.UUID, job_id: uuid.UUID, cap: int) -> bool:
+    """After the new job's INSERT (admitted), the tenant locked: does it go to the broker
+    now, or is it held (admitted_at cleared) until the relay lets it through?"""
+    if cap <= 0 or in_flight(session, tenant_id) <= cap:
         return True
-    lock_tenant(session, tenant_id)
-    return in_flight(session, tenant_id) < cap
+    session.execute(update(Job).where(Job.id == job_id).values(admitted_at=None))
+    return False
 
 
 def admit_held(session: Session, tenant_id: uuid.UUID, cap: int) -> list[uuid.UUID]:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -83,14 +84,36 @@ class QuotaVerdict:
     retry_after: int = 0  # seconds until the UTC day ends and the quota frees
 
 
-def check_daily_quota(session: Session, tenant_id: uuid.UUID, now: datetime) -> QuotaVerdict:
-    """Over quota once today's GPU-seconds reach the tenant's daily_gpu_seconds. Jobs
-    already queued are never dropped: the check is made at submit only."""
-    limit = session.scalar(select(Tenant.daily_gpu_seconds).where(Tenant.id == tenant_id))
+_tenants, _usage = Tenant.__table__, DailyUsage.__table__
+_QUOTA = select(
+    _tenants.c.daily_gpu_seconds,
+    select(func.coalesce(func.sum(_usage.c.gpu_seconds), 0.0))
+    .where(_usage.c.tenant_id == _tenants.c.id, _usage.c.day == bindparam("day"))
+    .scalar_subquery(),
+).where(_tenants.c.id == bindparam("tenant"))
+
+
+_USED = select(func.coalesce(func.sum(_usage.c.gpu_seconds), 0.0)).where(
+    _usage.c.tenant_id == bindparam("tenant"), _usage.c.day == bindparam("day")
+)
+_UNKNOWN = object()
+
+
+def check_daily_quota(
+    session: Session, tenant_id: uuid.UUID, now: datetime, limit: Any = _UNKNOWN
+) -> QuotaVerdict:
+    """Over quota once today's GPU-seconds reach the tenant's daily_gpu_seconds (`limit`,
+    read here unless given; None: no quota, nothing to read). Jobs already queued are
+    never dropped: the check is made at submit only."""
+    today = now.astimezone(UTC).date()
+    if limit is _UNKNOWN:
+        row = session.execute(_QUOTA, {"tenant": tenant_id, "day": today}).first()
+        limit, used = (row[0], row[1]) if row else (None, 0.0)
+    elif limit is not None:
+        used = session.execute(_USED, {"tenant": tenant_id, "day": today}).scalar_one()
     if limit is None:
         return QuotaVerdict(True)
-    today = now.astimezone(UTC).date()
-    used = used_on(session, tenant_id, today)
+    used = float(used)
     if used < limit:
         return QuotaVerdict(True, used, limit)
     midnight = datetime.combine(today + timedelta(days=1), time(), tzinfo=UTC)

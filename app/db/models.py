@@ -305,6 +305,22 @@ class RequestCount(Base):
     count: Mapped[int] = mapped_column(Integer, default=0)
 
 
+class SubmitReservation(Base):
+    """A submit in progress: a slot under its tenant's queued cap, taken in a short
+    transaction before the job's own and released by the job's commit. One older than
+    RESERVATION_SECONDS (app/limits.py) belonged to a submit that died, and counts no
+    more."""
+
+    __tablename__ = "submit_reservations"
+    __table_args__ = (
+        Index("ix_submit_reservations_tenant_id_created_at", "tenant_id", "created_at"),
+    )
+
+    job_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 class DailyUsage(Base):
     """GPU time, jobs and images per tenant, UTC day, model and device: what usage and
     quotas read. Kept apart from jobs, so that purging old jobs keeps the accounts."""

@@ -230,13 +230,17 @@ class JobSchema(ma.Schema):
     progress = fields.Nested(ProgressSchema, allow_none=True)
     queue_position = fields.Integer(
         allow_none=True,
-        metadata={"description": "While queued: jobs that will start before this one (0: next)."},
+        metadata={
+            "description": "While queued: jobs that will start before this one (0: next). "
+            "Null in a submit's 202: the job's GET and its events have it."
+        },
     )
     eta_seconds = fields.Float(
         allow_none=True,
         metadata={
             "description": "While queued: an estimate of the seconds until it starts, from the "
-            "model's recent per-step times and the jobs ahead; null until the model has run."
+            "model's recent per-step times and the jobs ahead; null until the model has run, "
+            "and in a submit's 202."
         },
     )
     priority = fields.String(metadata={"description": "low, normal or high."})

@@ -7,7 +7,7 @@ import uuid
 from flask import g, request
 from flask_smorest import abort
 
-from app.keys import authenticate, key_id_of
+from app.keys import authenticate
 from app.limits import count_request
 from app.web.services import request_session, services
 
@@ -23,21 +23,26 @@ def require_api_key() -> None:
             401, message="Missing API key: send 'Authorization: Bearer <key>'.", headers=CHALLENGE
         )
     session = request_session()
-    tenant_id = authenticate(session, presented.strip())
-    if session.dirty:
-        session.commit()  # last_used_at, at most once a minute per key
-    if tenant_id is None:
+    found = authenticate(session, presented.strip())
+    if found is None:
         abort(401, message="Invalid or revoked API key.", headers=CHALLENGE)
     limit = services().settings.rate_limit
-    verdict = count_request(session, key_id_of(presented.strip()) or "", limit)
+    verdict = count_request(session, found.key_id, limit)  # commits last_used_at too
+    if found.touched and limit <= 0:
+        session.commit()  # last_used_at, at most once a minute per key
     if not verdict.allowed:
         abort(
             429,
             message=f"Rate limit: {limit} requests a minute per API key.",
             headers={"Retry-After": str(verdict.retry_after)},
         )
-    g.tenant_id = tenant_id
+    g.tenant_id, g.tenant_quota = found.tenant_id, found.daily_gpu_seconds
 
 
 def current_tenant() -> uuid.UUID:
     return g.tenant_id
+
+
+def tenant_quota() -> float | None:
+    """The tenant's daily GPU-second quota, as read with its key (None: no quota)."""
+    return g.tenant_quota

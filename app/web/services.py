@@ -22,10 +22,12 @@ def services() -> Services:
 
 
 def request_session() -> Session:
-    """One session per request: authentication and the view share its connection."""
+    """One session per request on one connection: authentication and the view share it,
+    and it stays checked out across their commits (one pool checkout, one ping)."""
     session = g.get("db_session")
     if session is None:
-        session = g.db_session = services().db.sessions()
+        connection = services().db.engine.connect()
+        session = g.db_session = services().db.sessions(bind=connection)
     return session
 
 
@@ -33,4 +35,6 @@ def close_request_session(_exc: BaseException | None = None) -> None:
     """Teardown: anything the view did not commit is rolled back."""
     session = g.pop("db_session", None)
     if session is not None:
+        connection = session.bind
         session.close()
+        connection.close()

@@ -40,10 +40,11 @@ def _not_found() -> None:
     abort(404, message="No such job.")
 
 
-def _view(job) -> dict:
+def _view(job, *, position: bool = True) -> dict:
+    """With `position`, a queued job's queue position and ETA (the 202 leaves them out)."""
     svc = services()
     session = request_session()
-    queued = job.status == JobStatus.QUEUED
+    queued = position and job.status == JobStatus.QUEUED
     info = queue_info(session, job, fair_window(svc.settings)) if queued else None
     original = service.get_job(session, job.tenant_id, job.replay_of) if job.replay_of else None
     return job_view(job, svc.storage, svc.settings.presign_ttl, info, original)
@@ -62,7 +63,7 @@ def _answer(job, wait: int | None, headers: dict[str, str]):
         finished = wait_for_finish(services(), tenant_id, job_id, wait)
         if finished is not None:
             job = finished
-    view = _view(job)
+    view = _view(job, position=wait is not None)
     headers = {"Location": view["urls"]["self"], **headers}
     if wait is not None and job.status.terminal:
         return view, 200, {**headers, "Preference-Applied": f"wait={wait}"}
@@ -71,8 +72,8 @@ def _answer(job, wait: int | None, headers: dict[str, str]):
 
 @blp.route("")
 class Jobs(MethodView):
-    @blp.arguments(SubmitHeadersSchema, location="headers")
-    @blp.arguments(JobCreateSchema, example=SUBMIT_EXAMPLE)
+    @blp.arguments(SubmitHeadersSchema(), location="headers")
+    @blp.arguments(JobCreateSchema(), example=SUBMIT_EXAMPLE)
     @blp.response(202, JobSchema, headers=LOCATION_HEADER)
     @blp.alt_response(
         200,
@@ -93,7 +94,8 @@ class Jobs(MethodView):
         """Submit a job
 
         The job is stored, then queued; the answer comes before any GPU work. Poll the
-        `Location` URL, or follow its `events` stream, for status and result. With an
+        `Location` URL, or follow its `events` stream, for status, queue position and
+        result (the `202` leaves `queue_position` and `eta_seconds` null). With an
         `Idempotency-Key` header, repeating the request returns the original job (with
         `Idempotent-Replayed: true`) instead of creating another. With `Prefer: wait=N`
         the answer waits up to N seconds for the job to finish (`200`); a client that

@@ -140,11 +140,11 @@ class JobCreateSchema(RefusesNul, ma.Schema):
         errors = model_limit_errors(spec, data)
         if errors:
             raise ma.ValidationError(errors)
+        data["_spec"] = spec  # for _normalize: the model is looked up once
 
     @ma.post_load
     def _normalize(self, data: dict[str, Any], **_kwargs) -> dict[str, Any]:
-        spec = services().catalog.get(data.get("model"))
-        assert spec is not None  # _model_limits ran first
+        spec = data.pop("_spec")  # _model_limits ran first
         return {
             "spec": spec,
             "params": normalize(spec, data),

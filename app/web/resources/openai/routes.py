@@ -138,7 +138,7 @@ def _image_data(job, response_format: str) -> list[dict[str, Any]]:
 
 @blp.route("/generations")
 class Generations(MethodView):
-    @blp.arguments(ImagesGenerateSchema, example=EXAMPLE)
+    @blp.arguments(ImagesGenerateSchema(), example=EXAMPLE)
     @blp.response(
         200,
         ImagesResponseSchema,

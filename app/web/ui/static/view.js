@@ -31,6 +31,7 @@ function stateText(job, progress) {
   if (job.status === "queued") {
     const position = progress.queue_position ?? job.queue_position;
     const eta = progress.eta_seconds ?? job.eta_seconds;
+    if (position === null || position === undefined) return "Queued."; // the 202 has none
     const ahead = position ? `${position} ahead` : "next in line";
     const when = eta === null || eta === undefined ? "" : `, starts in about ${seconds(eta)}`;
     return `Queued: ${ahead}${when}.`;

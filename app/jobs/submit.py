@@ -1,0 +1,239 @@
+"""Submitting a job: the one mechanism behind POST /v1/jobs, replays and the
+OpenAI-compatible endpoint.
+
+One transaction makes the job durable with everything that decides about it: the
+idempotency key (a unique index), the daily GPU-second quota, the queued-job cap and the
+jobs-in-flight cap. The caps are counted after the job's INSERT under a per-tenant lock
+held only from the count to the COMMIT, so a burst never overshoots them and a tenant's
+submits overlap everywhere else. After the commit the message is published with a
+confirm; the confirm is recorded in the outbox by a background batch (`app/broker/
+publish.py`), and a publish that failed, or whose record was lost, is the relay's.
+Queue position and ETA are not computed here: the job's GET and its events carry them.
+docs/submit.md says why.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app import usage
+from app.broker.publish import Publisher, mark_published_soon
+from app.catalog import ModelSpec
+from app.db.models import Job
+from app.db.types import utcnow
+from app.ids import uuid7
+from app.jobs import cache, service
+from app.jobs.states import JobStatus, Priority
+from app.jobs.transitions import progress_of
+from app.limits import (
+    admit_new,
+    lock_tenant,
+    over_queued_cap,
+    release_slot,
+    reserve_queued_slot,
+)
+from app.metrics.instruments import CACHE_HITS, JOBS_SUBMITTED
+
+_INSERT = Job.__table__.insert()
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A validated request: the model's entry and the normalized parameters."""
+
+    spec: ModelSpec
+    params: dict[str, Any]
+    metadata: dict[str, Any] | None = None
+    cancel_after: int | None = None  # seconds
+    webhook: str | None = None
+    webhook_events: list[str] | None = None
+    cache: bool = True  # may a cached result answer it
+    seeded: bool = False  # the client chose the seed (only then can the cache answer)
+    idempotency_key: str | None = None
+    body_hash: str | None = None  # of the request body that used the key
+    replay_of: uuid.UUID | None = None
+
+
+@dataclass(frozen=True)
+class Caps:
+    """The tenant's limits at submit."""
+
+    max_queued: int  # queued jobs per tenant; 0: no cap
+    max_running: int  # jobs in flight per tenant; over it a job is held; 0: no cap
+    daily_gpu_seconds: float | None  # GPU-seconds a UTC day; None: no quota
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job: Job
+    replayed: bool = False  # an earlier job with the same Idempotency-Key
+
+
+class Refused(Exception):
+    """The request is refused: 409 (key reused with another body) or 429 (quota, cap)."""
+
+    def __init__(self, status: int, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.retry_after = status, message, retry_after
+
+
+def submit_job(
+    session: Session, publisher: Publisher, tenant_id: uuid.UUID, request: JobRequest, caps: Caps
+) -> Submitted:
+    """Make the job durable and queue it; raises Refused. Commits `session`."""
+    key = request.idempotency_key
+    if key:
+        existing = service.find_by_idempotency_key(session, tenant_id, key)
+        if existing is not None:
+            return _replayed(existing, request)
+    cache_key = source = None
+    if request.seeded:
+        digest = cache.model_digest(session, request.spec.name)
+        cache_key = cache.cache_key(digest, request.params) if digest else None
+        if cache_key and request.cache and request.replay_of is None:
+            source = cache.find_cached(session, tenant_id, cache_key)
+    if source is None:  # a cache hit costs no GPU time and queues nothing
+        _check_quota(session, tenant_id, caps.daily_gpu_seconds)
+    values = _job_values(tenant_id, request, cache_key)
+    try:
+        if source is not None:
+            job = _serve_from_cache(session, values, source)
+        else:
+            job = _insert_queued(session, tenant_id, values, caps)
+        session.commit()
+    except IntegrityError:
+        # A concurrent request with the same key committed first: answer with its job.
+        session.rollback()
+        _release_after_failure(session, values["id"], caps)
+        existing = service.find_by_idempotency_key(session, tenant_id, key) if key else None
+        if existing is None:
+            raise
+        return _replayed(existing, request)
+    except Refused:
+        raise  # nothing stored, nothing reserved
+    except Exception:
+        session.rollback()
+        _release_after_failure(session, values["id"], caps)
+        raise
+    JOBS_SUBMITTED.labels(job.model).inc()
+    if source is not None:
+        CACHE_HITS.labels(job.model).inc()
+    elif job.admitted_at is not None and publisher.publish(job, request.spec):
+        # Committed first: a publish that fails leaves a durable row for the relay.
+        mark_published_soon(session.get_bind().engine, job.id)
+    return Submitted(job)
+
+
+def _release_after_failure(session: Session, job_id: uuid.UUID, caps: Caps) -> None:
+    """The job was not stored: free its slot now (else it expires on its own)."""
+    if caps.max_queued <= 0 or caps.max_running > 0:
+        return  # no slot was reserved
+    try:
+        release_slot(session, job_id)
+        session.commit()
+    except Exception:  # noqa: BLE001 - the database is away; the slot expires
+        session.rollback()
+
+
+def _replayed(job: Job, request: JobRequest) -> Submitted:
+    if job.request_hash != request.body_hash:
+        raise Refused(
+            409,
+            f"Idempotency-Key {request.idempotency_key!r} was already used with a different "
+            "request body.",
+        )
+    return Submitted(job, replayed=True)
+
+
+def _check_quota(session: Session, tenant_id: uuid.UUID, limit: float | None) -> None:
+    spent = usage.check_daily_quota(session, tenant_id, utcnow(), limit)
+    if not spent.allowed:
+        raise Refused(
+            429,
+            f"Daily GPU quota used: {spent.used:.1f} of {spent.limit:g} GPU-seconds today "
+            "(UTC); it frees at midnight UTC.",
+            spent.retry_after,
+        )
+
+
+def _job_values(tenant_id: uuid.UUID, request: JobRequest, cache_key: str | None) -> dict:
+    params, now = request.params, utcnow()
+    priority = Priority(params["priority"])
+    steps = params.get("steps", 0)
+    return {
+        "id": uuid7(),
+        "created_at": now,
+        "updated_at": now,
+        "tenant_id": tenant_id,
+        "status": JobStatus.QUEUED,
+        "model": request.spec.name,
+        "queue": request.spec.queue_for(params["priority"]),
+        "priority": priority,
+        "publish_priority": priority.amqp,
+        "input": params,
+        "work_units": max(1, int(steps or 1)) * max(1, int(params.get("num_images", 1))),
+        "client_metadata": request.metadata,
+        "progress": progress_of("queued", 0, steps),
+        "attempts": 0,
+        "version": 0,
+        "deadline_at": now + timedelta(seconds=request.cancel_after)
+        if request.cancel_after
+        else None,
+        "idempotency_key": request.idempotency_key,
+        "request_hash": request.body_hash,
+        "webhook_url": request.webhook,
+        "webhook_events": request.webhook_events,
+        "admitted_at": now,
+        "cache_key": cache_key,
+        "replay_of": request.replay_of,
+    }
+
+
+def _insert_queued(session: Session, tenant_id: uuid.UUID, values: dict, caps: Caps) -> Job:
+    """The job's INSERT, after its slot under the queued cap was reserved; with an
+    in-flight cap, that count under the tenant's lock, held until the commit."""
+    reserved = False
+    if caps.max_running > 0:  # this cap's count and its answer share the job's commit
+        session.execute(_INSERT, _row(values))
+        lock_tenant(session, tenant_id)
+        over = over_queued_cap(session, tenant_id, caps.max_queued)
+        if not over.allowed:
+            session.rollback()
+            raise _too_many(caps, over)
+        if not admit_new(session, tenant_id, values["id"], caps.max_running):
+            values["admitted_at"] = None  # held: the relay lets it through later
+    else:
+        slot = reserve_queued_slot(session, tenant_id, values["id"], caps.max_queued)
+        if not slot.allowed:
+            raise _too_many(caps, slot)
+        reserved = caps.max_queued > 0
+        session.execute(_INSERT, _row(values))
+        if reserved:
+            release_slot(session, values["id"])
+    return Job(**values)  # as stored; not attached to the session
+
+
+def _row(values: dict) -> dict:
+    return {("metadata" if name == "client_metadata" else name): v for name, v in values.items()}
+
+
+def _too_many(caps: Caps, verdict) -> Refused:
+    return Refused(
+        429,
+        f"Too many queued jobs: at most {caps.max_queued} per tenant.",
+        verdict.retry_after,
+    )
+
+
+def _serve_from_cache(session: Session, values: dict, source: Job) -> Job:
+    job = Job(**values)
+    session.add(job)
+    session.flush()
+    cache.serve_from_cache(session, job, source)
+    return job

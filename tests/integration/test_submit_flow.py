@@ -1,0 +1,118 @@
+"""submit_job against PostgreSQL: the outbox guarantee with a publish that fails or
+succeeds, and the queued cap exact under a burst of concurrent submits of one tenant."""
+
+from __future__ import annotations
+
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from app.catalog import tiny_spec
+from app.db.models import Job, Tenant
+from app.db.types import utcnow
+from app.jobs import service
+from app.jobs.states import JobStatus
+from app.jobs.submit import Caps, JobRequest, Refused, submit_job
+from testbed.waiting import wait_until
+
+pytestmark = pytest.mark.services
+
+SPEC = tiny_spec(Path("/nonexistent"), name="tiny", queue=f"gpu.flow-{uuid.uuid4().hex[:8]}")
+NO_CAPS = Caps(max_queued=0, max_running=0, daily_gpu_seconds=None)
+
+
+class FakePublisher:
+    def __init__(self, confirms: bool) -> None:
+        self.confirms = confirms
+        self.published: list[uuid.UUID] = []
+
+    def publish(self, job, spec=None) -> bool:
+        self.published.append(job.id)
+        return self.confirms
+
+
+def _request(prompt: str = "flow") -> JobRequest:
+    params = {"prompt": prompt, "model": "tiny", "steps": 2, "num_images": 1}
+    return JobRequest(spec=SPEC, params={**params, "priority": "normal", "seed": 1})
+
+
+def _tenant(db) -> uuid.UUID:
+    with db.session() as session:
+        tenant = Tenant(name=f"flow-{uuid.uuid4().hex[:10]}")
+        session.add(tenant)
+        session.flush()
+        return tenant.id
+
+
+def _row(db, job_id) -> Job:
+    with db.session() as session:
+        return session.get(Job, job_id)
+
+
+def test_a_failed_publish_leaves_the_job_to_the_relay_and_a_confirm_is_recorded(db):
+    tenant_id = _tenant(db)
+    with db.sessions() as session:
+        lost = submit_job(session, FakePublisher(False), tenant_id, _request(), NO_CAPS).job
+    publisher = FakePublisher(True)
+    with db.sessions() as session:
+        sent = submit_job(session, publisher, tenant_id, _request(), NO_CAPS).job
+    assert publisher.published == [sent.id]
+    # The confirm is recorded by the process's batch, a few milliseconds later.
+    wait_until(lambda: _row(db, sent.id).published_at is not None, timeout=5)
+    assert _row(db, lost.id).status == JobStatus.QUEUED
+    assert _row(db, lost.id).published_at is None
+    with db.session() as session:
+        backlog = service.unpublished_job_ids(session, utcnow(), limit=10_000)
+    assert lost.id in backlog and sent.id not in backlog
+
+
+def test_the_queued_cap_is_exact_under_a_burst_of_one_tenant(db):
+    tenant_id, cap, burst = _tenant(db), 7, 40
+    caps = Caps(max_queued=cap, max_running=0, daily_gpu_seconds=None)
+
+    def one(i: int) -> bool:
+        with db.sessions() as session:
+            try:
+                submit_job(session, FakePublisher(True), tenant_id, _request(f"b{i}"), caps)
+            except Refused as refused:
+                assert refused.status == 429 and refused.retry_after
+                return False
+            return True
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        accepted = sum(pool.map(one, range(burst)))
+    with db.session() as session:
+        queued = session.scalar(
+            select(func.count())
+            .select_from(Job)
+            .where(Job.tenant_id == tenant_id, Job.status == JobStatus.QUEUED)
+        )
+    print(f"\nburst of {burst} submits on 16 threads, cap {cap}: {accepted} accepted")
+    assert accepted == cap and queued == cap
+
+
+def test_over_the_in_flight_cap_a_job_is_held_not_published(db):
+    tenant_id = _tenant(db)
+    caps = Caps(max_queued=0, max_running=1, daily_gpu_seconds=None)
+    publisher = FakePublisher(True)
+    with db.sessions() as session:
+        first = submit_job(session, publisher, tenant_id, _request(), caps).job
+    with db.sessions() as session:
+        held = submit_job(session, publisher, tenant_id, _request(), caps).job
+    assert publisher.published == [first.id]
+    assert held.admitted_at is None and _row(db, held.id).admitted_at is None
+
+
+def test_a_tenant_over_its_daily_quota_is_refused(db):
+    tenant_id = _tenant(db)
+    from app import usage
+
+    with db.session() as session:
+        usage.record(session, tenant_id, "tiny", usage.Charge(5.0, "cpu", 1), utcnow().date())
+    caps = Caps(max_queued=0, max_running=0, daily_gpu_seconds=5.0)
+    with db.sessions() as session, pytest.raises(Refused) as refused:
+        submit_job(session, FakePublisher(True), tenant_id, _request(), caps)
+    assert refused.value.status == 429 and refused.value.retry_after > 0
