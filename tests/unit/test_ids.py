@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import uuid
 
 from app.ids import uuid7
@@ -9,7 +10,7 @@ from app.ids import uuid7
 
 def test_ids_made_in_one_millisecond_sort_in_the_order_they_were_made():
     ids = [uuid7() for _ in range(5000)]  # many share a millisecond
-    same_ms = sum(1 for a, b in zip(ids, ids[1:], strict=False) if a.int >> 80 == b.int >> 80)
+    same_ms = sum(1 for a, b in itertools.pairwise(ids) if a.int >> 80 == b.int >> 80)
     print(f"\n{same_ms} of {len(ids) - 1} consecutive ids shared a millisecond")
     assert same_ms > 0
     assert ids == sorted(ids)
