@@ -50,14 +50,15 @@ def tenant(db: Database, name: str | None = None) -> uuid.UUID:
         return get_or_create_tenant(session, name or f"t-{uuid.uuid4().hex[:8]}").id
 
 
-def job_params(spec: ModelSpec, **overrides: Any) -> dict[str, Any]:
-    """A job's normalized input, as the API stores it, at the model's defaults."""
+def job_params(spec: ModelSpec | None = None, **overrides: Any) -> dict[str, Any]:
+    """A job's normalized input, as the API stores it: at the model's defaults, or for no
+    model at the tiny model's cheapest (64², 4 steps)."""
     params = {
         "prompt": "a red cube",
         "negative_prompt": None,
-        "width": spec.default_width,
-        "height": spec.default_height,
-        "steps": spec.default_steps,
+        "width": spec.default_width if spec else 64,
+        "height": spec.default_height if spec else 64,
+        "steps": spec.default_steps if spec else 4,
         "guidance_scale": 7.5,
         "num_images": 1,
         "seed": 7,

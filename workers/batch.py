@@ -317,22 +317,7 @@ def _start_member(rt: WorkerRuntime, member: Member) -> None:
     if rt.hand_back_requested.is_set():
         member.stop.set()
 
-    def write(progress: dict[str, Any]) -> bool:
-        with rt.db.session() as session:
-            return transitions.record_progress(
-                session,
-                job_id,
-                owner=rt.owner,
-                progress=progress,
-                lease_seconds=rt.settings.lease_seconds,
-            )
-
-    def renew() -> bool:
-        with rt.db.session() as session:
-            return transitions.renew_lease(
-                session, job_id, owner=rt.owner, lease_seconds=rt.settings.lease_seconds
-            )
-
+    write, renew = execute.job_writes(rt, job_id)
     member.renew = renew
     member.reporter = ProgressReporter(
         write, interval=rt.settings.progress_interval, stop=member.stop

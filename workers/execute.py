@@ -238,18 +238,17 @@ def _count_failed(job: Job | None, code: ErrorCode) -> None:
     JOBS_FINISHED.labels(model, "failed", code.value).inc()
 
 
-def _run(rt: WorkerRuntime, job: Job) -> Outcome:
-    model = rt.models.get(job.model)
-    if model is None:
-        return _fail(
-            rt, job, ErrorCode.MODEL_UNAVAILABLE, f"this worker does not serve model {job.model!r}"
-        )
+def job_writes(
+    rt: WorkerRuntime, job_id: uuid.UUID
+) -> tuple[Callable[[dict[str, Any]], bool], Callable[[], bool]]:
+    """The progress write and the lease renewal of a job this worker holds; each answers
+    False once the job is no longer held (canceled, taken over, reaped)."""
 
     def write(progress: dict[str, Any]) -> bool:
         with rt.db.session() as session:
             return transitions.record_progress(
                 session,
-                job.id,
+                job_id,
                 owner=rt.owner,
                 progress=progress,
                 lease_seconds=rt.settings.lease_seconds,
@@ -258,9 +257,20 @@ def _run(rt: WorkerRuntime, job: Job) -> Outcome:
     def renew() -> bool:
         with rt.db.session() as session:
             return transitions.renew_lease(
-                session, job.id, owner=rt.owner, lease_seconds=rt.settings.lease_seconds
+                session, job_id, owner=rt.owner, lease_seconds=rt.settings.lease_seconds
             )
 
+    return write, renew
+
+
+def _run(rt: WorkerRuntime, job: Job) -> Outcome:
+    model = rt.models.get(job.model)
+    if model is None:
+        return _fail(
+            rt, job, ErrorCode.MODEL_UNAVAILABLE, f"this worker does not serve model {job.model!r}"
+        )
+
+    write, renew = job_writes(rt, job.id)
     reporter = ProgressReporter(
         write, interval=rt.settings.progress_interval, stop=rt.stop_requested
     )

@@ -18,20 +18,3 @@ def tiny_pipeline():
     pipeline.set_progress_bar_config(disable=True)
     yield pipeline
     torch.set_num_threads(threads)
-
-
-def job_params(**overrides) -> dict:
-    params = {
-        "prompt": "a red cube",
-        "negative_prompt": None,
-        "width": 64,
-        "height": 64,
-        "steps": 4,
-        "guidance_scale": 7.5,
-        "num_images": 1,
-        "seed": 7,
-        "scheduler": "default",
-        "output_format": "png",
-    }
-    params.update(overrides)
-    return params

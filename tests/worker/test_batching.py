@@ -8,7 +8,7 @@ import io
 import numpy as np
 import pytest
 
-from tests.worker.conftest import job_params
+from testbed.factories import job_params
 from workers.batching import batch_key, compatible, generate_batch
 from workers.generation import Interrupted, generate
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from app.catalog import tiny_spec
-from tests.worker.conftest import job_params
+from testbed.factories import job_params
 from workers.generation import generate
 from workers.pipelines import ModelLoadError, load_model, load_options, resolve_dtype
 from workers.tiny import build_tiny_pipeline

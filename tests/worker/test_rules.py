@@ -13,7 +13,7 @@ import pytest
 
 from app.catalog import tiny_spec
 from app.rules import MAX_SEED, OUTPUT_FORMATS, SCHEDULERS, model_limit_errors, normalize
-from tests.worker.conftest import job_params
+from testbed.factories import job_params
 from workers.encoding import encode_image
 from workers.generation import generate_images, job_scheduler
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.worker.conftest import job_params
+from testbed.factories import job_params
 from workers.generation import Interrupted, generate_images
 
 
