@@ -49,10 +49,12 @@ def test_submit_shows_progress_then_the_image_and_downloads_it(visit, worker, te
     page = visit.page
     page.add_init_script(RECORD_PROGRESS)
     visit.sign_in(tenant_key)
-    _fill(page, prompt="a lighthouse at dusk", width=96, height=64, steps=20, seed=7)
+    # Long enough for several progress writes on a fast core (as the SSE test's job is).
+    _fill(page, prompt="a lighthouse at dusk", width=256, height=192, steps=40, seed=7)
     page.click("#submit-job")
     image = page.wait_for_selector("#job-images img")
-    assert page.eval_on_selector("#job-images img", "img => img.complete && img.naturalWidth") == 96
+    width = page.eval_on_selector("#job-images img", "img => img.complete && img.naturalWidth")
+    assert width == 256
     assert page.text_content("#job-state").startswith("Succeeded")
     seen = page.evaluate("window.progressSeen")
     steps = [v for v in seen if 0 < v < 100]
@@ -68,7 +70,7 @@ def test_submit_shows_progress_then_the_image_and_downloads_it(visit, worker, te
     job = _job(visit.base_url, tenant_key, _current_job_id(page))
     assert saved.name == f"diffq-{job['id']}-0.png"
     assert saved.stat().st_size == job["result"]["images"][0]["bytes"]
-    assert Image.open(io.BytesIO(saved.read_bytes())).size == (96, 64)
+    assert Image.open(io.BytesIO(saved.read_bytes())).size == (256, 192)
     assert image.is_visible()
     visit.assert_clean()
 
