@@ -2,10 +2,12 @@
 OpenAI-compatible endpoint.
 
 One transaction makes the job durable with everything that decides about it: the
-idempotency key (a unique index), the daily GPU-second quota, the queued-job cap and the
-jobs-in-flight cap. The caps are counted after the job's INSERT under a per-tenant lock
-held only from the count to the COMMIT, so a burst never overshoots them and a tenant's
-submits overlap everywhere else. After the commit the message is published with a
+idempotency key (a unique index), the daily GPU-second quota and the jobs-in-flight cap.
+The queued-job cap is a slot reserved just before (one database call that takes and
+drops the tenant's lock inside PostgreSQL) and released by the job's own commit, so a
+burst never overshoots the cap and no tenant lock spans a durable commit; a slot whose
+submit died expires. With a jobs-in-flight cap the count runs under the tenant's lock in
+the job's transaction instead. After the commit the message is published with a
 confirm; the confirm is recorded in the outbox by a background batch (`app/broker/
 publish.py`), and a publish that failed, or whose record was lost, is the relay's.
 Queue position and ETA are not computed here: the job's GET and its events carry them.
