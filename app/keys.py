@@ -15,7 +15,9 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import ApiKey, Tenant
+from app.db.session import execute_alone
 from app.db.types import utcnow
+from app.limits import Verdict, count_request, rate_verdict, window_of
 
 PREFIX = "dq_"
 _KEY_RE = re.compile(r"^dq_([a-z2-7]{12})_([A-Za-z0-9_-]{43})$")
@@ -81,7 +83,7 @@ _TOUCH = (
 class Authenticated:
     tenant_id: uuid.UUID
     key_id: str
-    touched: bool  # last_used_at written in the session's transaction, for its commit
+    touched: bool  # last_used_at written in the session's transaction, not committed yet
     daily_gpu_seconds: float | None  # the tenant's quota, read with the key
 
 
@@ -102,6 +104,56 @@ def authenticate(session: Session, presented: str) -> Authenticated | None:
     if touched:
         session.execute(_TOUCH, {"kid": key_id, "now": now})
     return Authenticated(row.tenant_id, key_id, touched, row.daily_gpu_seconds)
+
+
+_ADMIT = (
+    "SELECT tenant, daily_gpu_seconds, requests FROM diffq_authenticate("
+    "%(kid)s, %(digest)s, %(win)s, %(limit)s, %(now)s, %(stale)s)"
+)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A request's key, found and counted: whose it is, and the rate limit's verdict."""
+
+    key: Authenticated
+    verdict: Verdict
+
+
+def admit(session: Session, presented: str, rate_limit: int) -> Admission | None:
+    """Authenticate a request and count it against its key's rate limit (`rate_limit` a
+    minute; 0: not counted); None for a malformed, unknown or revoked key.
+
+    PostgreSQL: one call in autocommit (`diffq_authenticate`, migration 0009), one round
+    trip, committed without waiting for the WAL flush. Elsewhere: `authenticate`, then
+    `count_request`, which commits.
+    """
+    if session.get_bind().dialect.name != "postgresql":
+        found = authenticate(session, presented)
+        if found is None:
+            return None
+        verdict = count_request(session, found.key_id, rate_limit)
+        session.commit()  # last_used_at, when it was stale
+        return Admission(found, verdict)
+    match = _KEY_RE.match(presented)
+    if match is None:
+        return None
+    now = utcnow()
+    window = window_of(now)
+    params = {
+        "kid": match.group(1),
+        "digest": _hash(presented),
+        "win": window,
+        "limit": rate_limit,
+        "now": now,
+        "stale": now - LAST_USED_RESOLUTION,
+    }
+    rows = execute_alone(session, _ADMIT, params)
+    if not rows:
+        return None
+    tenant, quota, requests = rows[0]
+    key = Authenticated(uuid.UUID(str(tenant)), match.group(1), False, quota)
+    return Admission(key, rate_verdict(requests, rate_limit, window, now))
 
 
 def revoke_key(session: Session, key_id: str) -> bool:

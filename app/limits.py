@@ -8,11 +8,12 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Connection, Uuid, bindparam, delete, func, select, text, update
+from sqlalchemy import bindparam, delete, func, select, text, update
 from sqlalchemy.orm import Session
 
 from app.db.models import Job, RequestCount, SubmitReservation
-from app.db.types import UTCDateTime, utcnow
+from app.db.session import execute_alone
+from app.db.types import utcnow
 from app.jobs.states import JobStatus
 from app.jobs.transitions import relaxed_commit
 
@@ -45,17 +46,28 @@ _COUNT = {name: _count_statement(name) for name in ("postgresql", "sqlite")}
 
 def count_request(session: Session, key_id: str, limit: int) -> Verdict:
     """Count one request against the key's current minute; over `limit` it is refused
-    until the next minute starts. One atomic upsert: exact under concurrency."""
+    until the next minute starts. One atomic upsert: exact under concurrency. (On
+    PostgreSQL the API counts inside the key's lookup instead: app/keys.py `admit`.)"""
     if limit <= 0:
         return Verdict(True)
     now = utcnow()
-    epoch = int(now.timestamp()) // WINDOW_SECONDS * WINDOW_SECONDS
-    window = datetime.fromtimestamp(epoch, UTC)
+    window = window_of(now)
     relaxed_commit(session)  # a count lost in a crash lets one extra request through
     statement = _COUNT[session.get_bind().dialect.name]
     count = session.execute(statement, {"kid": key_id, "win": window}).scalar_one()
     session.commit()
-    if count <= limit:
+    return rate_verdict(count, limit, window, now)
+
+
+def window_of(now: datetime) -> datetime:
+    """The start of the rate limit's window that `now` falls in."""
+    epoch = int(now.timestamp()) // WINDOW_SECONDS * WINDOW_SECONDS
+    return datetime.fromtimestamp(epoch, UTC)
+
+
+def rate_verdict(count: int, limit: int, window: datetime, now: datetime) -> Verdict:
+    """The `count`-th request of the window: over `limit`, refused until it ends."""
+    if limit <= 0 or count <= limit:
         return Verdict(True)
     left = (window + timedelta(seconds=WINDOW_SECONDS) - now).total_seconds()
     return Verdict(False, max(1, math.ceil(left)))
@@ -104,13 +116,9 @@ def over_queued_cap(session: Session, tenant_id: uuid.UUID, cap: int) -> Verdict
 RESERVATION_SECONDS = 60  # far beyond a live submit (statements time out after 15 s)
 _reserved = SubmitReservation.__table__
 _RESERVE = _reserved.insert()
-_RESERVE_CALL = text(
-    "SELECT diffq_reserve_slot(:job, :tenant, :cap, :now, :since, :lock)"
-).bindparams(
-    bindparam("job", type_=Uuid()),
-    bindparam("tenant", type_=Uuid()),
-    bindparam("now", type_=UTCDateTime()),
-    bindparam("since", type_=UTCDateTime()),
+_RESERVE_CALL = (
+    "SELECT diffq_reserve_slot(%(job)s::uuid, %(tenant)s::uuid, %(cap)s, %(now)s, "
+    "%(since)s, %(lock)s)"
 )
 _RELEASE = _reserved.delete().where(_reserved.c.job_id == bindparam("job"))
 _TAKEN = select(
@@ -142,29 +150,14 @@ def reserve_queued_slot(
         # The same steps in one call, in autocommit (migration 0008): the tenant's lock is
         # taken and released inside the server, with no round trip while it is held.
         params = {
-            "job": job_id,
-            "tenant": tenant_id,
+            "job": str(job_id),
+            "tenant": str(tenant_id),
             "cap": cap,
             "now": now,
             "since": since,
             "lock": uuid.UUID(str(tenant_id)).int & 0x7FFFFFFFFFFFFFFF,
         }
-        session.commit()  # what was read so far: the call runs outside a transaction
-        bind = session.get_bind()
-        if isinstance(bind, Connection):  # the request's own connection, idle now
-            if bind.in_transaction():
-                bind.commit()
-            bind.execution_options(isolation_level="AUTOCOMMIT")
-            try:
-                allowed = bind.execute(_RESERVE_CALL, params).scalar_one()
-                bind.commit()  # SQLAlchemy's marker only: the call committed itself
-            finally:
-                if bind.in_transaction():
-                    bind.rollback()
-                bind.execution_options(isolation_level=bind.default_isolation_level)
-        else:
-            with bind.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                allowed = conn.execute(_RESERVE_CALL, params).scalar_one()
+        (allowed,) = execute_alone(session, _RESERVE_CALL, params)[0]
         return Verdict(True) if allowed else Verdict(False, 10)
     # SQLite: the INSERT makes later writers wait until this commit.
     relaxed_commit(session)

@@ -54,6 +54,7 @@ class Server:
     elapsed: dict[int, float] = field(default_factory=dict)  # clients -> seconds
     refused: dict[int, int] = field(default_factory=dict)  # clients -> non-202 answers
     cpu: dict[int, float] = field(default_factory=dict)  # clients -> the servers' CPU seconds
+    machine: dict[int, float] = field(default_factory=dict)  # clients -> every process's
 
 
 def _gunicorn(target: str, bind: str) -> list[str]:
@@ -106,6 +107,14 @@ def _cpu_seconds(group: int) -> float:
     return total / tick
 
 
+def _machine_cpu_seconds() -> float:
+    """Busy CPU of the whole machine (/proc/stat): the API, PostgreSQL, RabbitMQ, the
+    clients and anything else running."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def _drive(server: Server, key: str, clients: int, seconds: float) -> None:
     """`clients` threads POST the body back to back for `seconds`."""
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
@@ -132,13 +141,14 @@ def _drive(server: Server, key: str, clients: int, seconds: float) -> None:
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
     for thread in threads:
         thread.start()
-    cpu = _cpu_seconds(server.process.pid)
+    cpu, machine = _cpu_seconds(server.process.pid), _machine_cpu_seconds()
     stop_at[0] = time.perf_counter() + seconds
     began = time.perf_counter()
     start.wait()
     for thread in threads:
         thread.join()
     server.cpu[clients] = server.cpu.get(clients, 0.0) + _cpu_seconds(server.process.pid) - cpu
+    server.machine[clients] = server.machine.get(clients, 0.0) + _machine_cpu_seconds() - machine
     server.elapsed[clients] = server.elapsed.get(clients, 0.0) + time.perf_counter() - began
     server.samples.setdefault(clients, []).extend(x for own in latencies for x in own)
     server.refused[clients] = server.refused.get(clients, 0) + sum(refused)
@@ -224,7 +234,13 @@ def main() -> None:
                 _wait_up(server, "/healthz" if server.path == "/v1/jobs" else "/")
             for server in servers:  # warm every process, its pools and the broker channels
                 _drive(server, key, 8, 2.0)
-                for kept in (server.samples, server.elapsed, server.refused, server.cpu):
+                for kept in (
+                    server.samples,
+                    server.elapsed,
+                    server.refused,
+                    server.cpu,
+                    server.machine,
+                ):
                     kept.clear()
 
             for clients in counts:
@@ -257,6 +273,7 @@ def main() -> None:
                     "p50 ms": percentile(samples, 50),
                     "p99 ms": p99,
                     "CPU ms/submit": 1000 * server.cpu[clients] / max(1, len(samples)),
+                    "machine CPU ms/submit": 1000 * server.machine[clients] / max(1, len(samples)),
                     "rate / minimal": rate / base_rate,
                     "p99 / minimal": p99 / base_p99,
                 }

@@ -8,8 +8,8 @@ import threading
 import time
 import uuid
 
-from sqlalchemy import Engine, update
-from sqlalchemy.orm import Session
+from kombu import serialization
+from sqlalchemy import Engine, bindparam, text, update
 
 from app.broker.topology import WEBHOOK_QUEUE, declare_topology
 from app.catalog import Catalog, ModelSpec
@@ -18,7 +18,6 @@ from app.db.session import Database
 from app.db.types import utcnow
 from app.jobs import service
 from app.jobs.payload import DELIVER_WEBHOOK_TASK, GENERATE_TASK, build_payload
-from app.jobs.transitions import relaxed_commit
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +42,7 @@ class Publisher:
         self._celery = celery_app
         self.queue_type = queue_type  # None: read from the environment when declaring
         self._declared = False
+        self._declaring = threading.Lock()
         # After a failed publish, skip trying for this long (the relay has the job): a
         # broker outage must not add a connect timeout to every submit.
         self.pause_after_failure = pause_after_failure
@@ -59,10 +59,71 @@ class Publisher:
     def _ensure_topology(self) -> None:
         if self._declared or self.embedded:
             return
-        with self.celery.connection_for_write() as conn:
-            conn.ensure_connection(max_retries=1, timeout=self.timeout)
-            declare_topology(conn, [*self.catalog.queues, WEBHOOK_QUEUE], self.queue_type)
-        self._declared = True
+        with self._declaring:  # one thread declares; the burst behind it waits, then goes
+            if self._declared:
+                return
+            with self.celery.connection_for_write() as conn:
+                conn.ensure_connection(max_retries=1, timeout=self.timeout)
+                declare_topology(conn, [*self.catalog.queues, WEBHOOK_QUEUE], self.queue_type)
+            self._declared = True
+
+    def _send(
+        self,
+        task: str,
+        args: list,
+        queue: str,
+        *,
+        task_id: str | None = None,
+        priority: int | None = None,
+        time_limit: float | None = None,
+        soft_time_limit: float | None = None,
+        argsrepr: str | None = None,
+    ) -> None:
+        """One Celery task message (protocol 2, built by Celery's own `as_task_v2`), put
+        on `queue` the way `send_task` routes it (the default exchange, the queue's name
+        as routing key), persistent, and confirmed by the broker.
+
+        Straight onto a pooled connection's channel: `send_task` would also route by name,
+        ask the result backend and build an AsyncResult (diffq's results live in the job
+        row), and kombu's Producer would wrap each publish in its retry machinery. A
+        connection that went stale (the broker restarted) is reopened once, with the
+        topology declared again; any other failure is the caller's (the relay's turn).
+        """
+        self._ensure_topology()
+        message = self.celery.amqp.as_task_v2(
+            task_id or str(uuid.uuid4()),
+            task,
+            args=args,
+            kwargs={},
+            time_limit=time_limit,
+            soft_time_limit=soft_time_limit,
+            argsrepr=argsrepr,
+            kwargsrepr="{}",
+            ignore_result=True,
+        )
+        content_type, encoding, body = serialization.dumps(message.body, serializer="json")
+        properties = {"delivery_mode": 2, **message.properties}
+        put = (body, priority, content_type, encoding, message.headers, properties)
+        with self.celery.pool.acquire(block=True, timeout=self.timeout) as conn:
+            try:
+                self._put(conn, queue, *put)
+            except conn.recoverable_connection_errors:
+                conn.close()
+                self._declared = False
+                self._ensure_topology()
+                self._put(conn, queue, *put)
+
+    def _put(self, conn, queue: str, body, priority, content_type, encoding, headers, props):
+        conn.ensure_connection(max_retries=1, timeout=self.timeout)
+        channel = conn.default_channel
+        message = channel.prepare_message(body, priority, content_type, encoding, headers, props)
+        channel.basic_publish(
+            message,
+            exchange="",
+            routing_key=queue,
+            timeout=self.timeout,
+            confirm_timeout=self.timeout,
+        )
 
     def publish_webhook(self, event_id) -> bool:
         """Ask a delivery worker to attempt one webhook event; False if the broker did
@@ -70,14 +131,7 @@ class Publisher:
         if time.monotonic() < self._paused_until:
             return False
         try:
-            self._ensure_topology()
-            self.celery.send_task(
-                DELIVER_WEBHOOK_TASK,
-                args=[str(event_id)],
-                queue=WEBHOOK_QUEUE,
-                timeout=self.timeout,
-                confirm_timeout=self.timeout,
-            )
+            self._send(DELIVER_WEBHOOK_TASK, [str(event_id)], WEBHOOK_QUEUE)
         except Exception as exc:  # noqa: BLE001
             log.warning("webhook dispatch failed (%s: %s)", type(exc).__name__, exc)
             self._declared = False
@@ -95,27 +149,15 @@ class Publisher:
         spec = spec or self.catalog.get(job.model)
         soft, hard = (spec.soft_time_limit, spec.time_limit) if spec else (None, None)
         try:
-            self._ensure_topology()
-            self.celery.send_task(
+            self._send(
                 GENERATE_TASK,
-                args=[build_payload(job)],
+                [build_payload(job)],
+                job.queue,
                 task_id=str(job.id),
-                queue=job.queue,
                 priority=job.publish_priority,
-                soft_time_limit=soft,
                 time_limit=hard,
-                # Flower and logs show the job id, never the prompt.
-                argsrepr=f"job_id={job.id}",
-                kwargsrepr="{}",
-                timeout=self.timeout,
-                confirm_timeout=self.timeout,
-                retry=True,
-                retry_policy={
-                    "max_retries": 1,
-                    "interval_start": 0,
-                    "interval_step": 0.2,
-                    "interval_max": 0.5,
-                },
+                soft_time_limit=soft,
+                argsrepr=f"job_id={job.id}",  # Flower and logs show the job id, never the prompt
             )
         except Exception as exc:  # noqa: BLE001 - any broker failure: the relay retries
             log.warning(
@@ -138,6 +180,15 @@ def publish_and_mark(db: Database, publisher: Publisher, job: Job) -> bool:
     return True
 
 
+_jobs = Job.__table__
+_MARK_PUBLISHED = (
+    update(_jobs)
+    .where(_jobs.c.id.in_(bindparam("ids", expanding=True)), _jobs.c.published_at.is_(None))
+    .values(published_at=bindparam("now"))
+)
+_RELAXED = text("SET LOCAL synchronous_commit = off")  # a lost mark costs a second publish
+
+
 class PublishedMarks:
     """Confirmed publishes, recorded in the outbox (`published_at`) by one thread per
     process in batches: one relaxed UPDATE for every confirm of the last few
@@ -146,7 +197,7 @@ class PublishedMarks:
     worker's claim makes harmless; a job whose publish was not confirmed is never
     marked, so the relay always has it."""
 
-    def __init__(self, engine: Engine, interval: float = 0.02) -> None:
+    def __init__(self, engine: Engine, interval: float = 0.1) -> None:
         self.engine = engine
         self.interval = interval
         self._pending: list[uuid.UUID] = []
@@ -171,14 +222,10 @@ class PublishedMarks:
         if not ids:
             return 0
         try:
-            with Session(self.engine) as session:
-                relaxed_commit(session)
-                session.execute(
-                    update(Job)
-                    .where(Job.id.in_(ids), Job.published_at.is_(None))
-                    .values(published_at=utcnow())
-                )
-                session.commit()
+            with self.engine.begin() as conn:
+                if conn.dialect.name == "postgresql":
+                    conn.execute(_RELAXED)
+                conn.execute(_MARK_PUBLISHED, {"ids": ids, "now": utcnow()})
         except Exception as exc:  # noqa: BLE001 - the relay publishes these again
             log.warning("marking %d confirmed publish(es) failed: %s", len(ids), exc)
         return len(ids)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from psycopg2.extensions import TRANSACTION_STATUS_IDLE
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -33,6 +34,34 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
         # Fail fast when the server is away, and never let one statement hang a worker.
         connect_args={"connect_timeout": 5, "options": "-c statement_timeout=15000"},
     )
+
+
+def execute_alone(session: Session, sql: str, params: dict) -> list[tuple]:
+    """PostgreSQL: run one statement, written in the driver's SQL (`%(name)s` parameters),
+    as a transaction of its own on the session's connection, after committing what the
+    session did before it; returns its rows as the driver gives them.
+
+    The statement runs in the driver's autocommit, so it costs one round trip (no BEGIN,
+    no COMMIT): the server commits it as it ends, durably unless the statement itself
+    relaxes `synchronous_commit`. It skips SQLAlchemy's compilation and type processing
+    (the submit's hot path), not its error handling: failures raise SQLAlchemy's
+    exceptions and a lost connection is invalidated. A statement that fails leaves
+    nothing behind; the caller rolls the session back as after any error.
+    """
+    connection = session.connection()
+    driver = connection.connection.dbapi_connection
+    pending = session.new or session.dirty or session.deleted
+    if pending or driver.info.transaction_status != TRANSACTION_STATUS_IDLE:
+        session.commit()  # what the session did so far (else its commit has nothing to do)
+        connection = session.connection()
+        driver = connection.connection.dbapi_connection
+    driver.autocommit = True
+    try:
+        result = connection.exec_driver_sql(sql, params)
+        return result.fetchall() if result.returns_rows else []
+    finally:
+        if not driver.closed:
+            driver.autocommit = False
 
 
 class Database:

@@ -16,9 +16,12 @@ docs/submit.md says why.
 
 from __future__ import annotations
 
+import functools
+import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -28,6 +31,7 @@ from app import usage
 from app.broker.publish import Publisher, mark_published_soon
 from app.catalog import ModelSpec
 from app.db.models import Job
+from app.db.session import execute_alone
 from app.db.types import utcnow
 from app.ids import uuid7
 from app.jobs import cache, service
@@ -86,9 +90,18 @@ class Refused(Exception):
 
 
 def submit_job(
-    session: Session, publisher: Publisher, tenant_id: uuid.UUID, request: JobRequest, caps: Caps
+    session: Session,
+    publisher: Publisher,
+    tenant_id: uuid.UUID,
+    request: JobRequest,
+    caps: Caps,
+    *,
+    release: Callable[[], None] | None = None,
 ) -> Submitted:
-    """Make the job durable and queue it; raises Refused. Commits `session`."""
+    """Make the job durable and queue it; raises Refused. Commits `session`; `release`,
+    if given, is called once the session is no longer needed, before the publish (the
+    API hands its connection back to the pool rather than hold it through the broker's
+    confirm)."""
     key = request.idempotency_key
     if key:
         existing = service.find_by_idempotency_key(session, tenant_id, key)
@@ -103,6 +116,7 @@ def submit_job(
     if source is None:  # a cache hit costs no GPU time and queues nothing
         _check_quota(session, tenant_id, caps.daily_gpu_seconds)
     values = _job_values(tenant_id, request, cache_key)
+    engine = session.get_bind().engine
     try:
         if source is not None:
             job = _serve_from_cache(session, values, source)
@@ -123,12 +137,14 @@ def submit_job(
         session.rollback()
         _release_after_failure(session, values["id"], caps)
         raise
+    if release is not None:
+        release()
     JOBS_SUBMITTED.labels(job.model).inc()
     if source is not None:
         CACHE_HITS.labels(job.model).inc()
     elif job.admitted_at is not None and publisher.publish(job, request.spec):
         # Committed first: a publish that fails leaves a durable row for the relay.
-        mark_published_soon(session.get_bind().engine, job.id)
+        mark_published_soon(engine, job.id)
     return Submitted(job)
 
 
@@ -200,7 +216,6 @@ def _job_values(tenant_id: uuid.UUID, request: JobRequest, cache_key: str | None
 def _insert_queued(session: Session, tenant_id: uuid.UUID, values: dict, caps: Caps) -> Job:
     """The job's INSERT, after its slot under the queued cap was reserved; with an
     in-flight cap, that count under the tenant's lock, held until the commit."""
-    reserved = False
     if caps.max_running > 0:  # this cap's count and its answer share the job's commit
         session.execute(_INSERT, _row(values))
         lock_tenant(session, tenant_id)
@@ -214,11 +229,50 @@ def _insert_queued(session: Session, tenant_id: uuid.UUID, values: dict, caps: C
         slot = reserve_queued_slot(session, tenant_id, values["id"], caps.max_queued)
         if not slot.allowed:
             raise _too_many(caps, slot)
-        reserved = caps.max_queued > 0
-        session.execute(_INSERT, _row(values))
-        if reserved:
-            release_slot(session, values["id"])
+        _store_releasing(session, values, reserved=caps.max_queued > 0)
     return Job(**values)  # as stored; not attached to the session
+
+
+def _store_releasing(session: Session, values: dict, *, reserved: bool) -> None:
+    """The job's INSERT, freeing its slot. PostgreSQL: one statement in autocommit, so the
+    job is durable when it returns, after one round trip; elsewhere, the caller's
+    commit makes it so."""
+    row = _row(values)
+    if session.get_bind().dialect.name == "postgresql":
+        sql = _insert_sql(tuple(row), reserved)
+        params = {"row": json.dumps(row, default=_json_value), "released": str(values["id"])}
+        execute_alone(session, sql, params)
+        return
+    session.execute(_INSERT, row)
+    if reserved:
+        release_slot(session, values["id"])
+
+
+@functools.cache
+def _insert_sql(columns: tuple[str, ...], releasing: bool) -> str:
+    """The job's INSERT in the driver's SQL: the row as one JSON document that PostgreSQL
+    spreads over the named columns (`jsonb_populate_record` converts each value to its
+    column's type); with `releasing`, the DELETE of the submit's slot in the same
+    statement."""
+    names = ", ".join(f'"{name}"' for name in columns)
+    insert = (
+        f"INSERT INTO jobs ({names}) SELECT {names} "
+        "FROM jsonb_populate_record(NULL::jobs, %(row)s::jsonb)"
+    )
+    if not releasing:
+        return insert
+    return (
+        "WITH released AS (DELETE FROM submit_reservations WHERE job_id = %(released)s::uuid) "
+        + insert
+    )
+
+
+def _json_value(value: Any) -> str:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not a job column value")
 
 
 def _row(values: dict) -> dict:

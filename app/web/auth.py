@@ -7,8 +7,7 @@ import uuid
 from flask import g, request
 from flask_smorest import abort
 
-from app.keys import authenticate
-from app.limits import count_request
+from app.keys import admit
 from app.web.services import request_session, services
 
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="diffq"'}
@@ -22,21 +21,17 @@ def require_api_key() -> None:
         abort(
             401, message="Missing API key: send 'Authorization: Bearer <key>'.", headers=CHALLENGE
         )
-    session = request_session()
-    found = authenticate(session, presented.strip())
-    if found is None:
-        abort(401, message="Invalid or revoked API key.", headers=CHALLENGE)
     limit = services().settings.rate_limit
-    verdict = count_request(session, found.key_id, limit)  # commits last_used_at too
-    if found.touched and limit <= 0:
-        session.commit()  # last_used_at, at most once a minute per key
-    if not verdict.allowed:
+    admitted = admit(request_session(), presented.strip(), limit)  # committed
+    if admitted is None:
+        abort(401, message="Invalid or revoked API key.", headers=CHALLENGE)
+    if not admitted.verdict.allowed:
         abort(
             429,
             message=f"Rate limit: {limit} requests a minute per API key.",
-            headers={"Retry-After": str(verdict.retry_after)},
+            headers={"Retry-After": str(admitted.verdict.retry_after)},
         )
-    g.tenant_id, g.tenant_quota = found.tenant_id, found.daily_gpu_seconds
+    g.tenant_id, g.tenant_quota = admitted.key.tenant_id, admitted.key.daily_gpu_seconds
 
 
 def current_tenant() -> uuid.UUID:

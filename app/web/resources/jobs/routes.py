@@ -43,10 +43,11 @@ def _not_found() -> None:
 def _view(job, *, position: bool = True) -> dict:
     """With `position`, a queued job's queue position and ETA (the 202 leaves them out)."""
     svc = services()
-    session = request_session()
-    queued = position and job.status == JobStatus.QUEUED
-    info = queue_info(session, job, fair_window(svc.settings)) if queued else None
-    original = service.get_job(session, job.tenant_id, job.replay_of) if job.replay_of else None
+    info = original = None  # each read only when needed (a submit's 202 needs neither)
+    if position and job.status == JobStatus.QUEUED:
+        info = queue_info(request_session(), job, fair_window(svc.settings))
+    if job.replay_of:
+        original = service.get_job(request_session(), job.tenant_id, job.replay_of)
     return job_view(job, svc.storage, svc.settings.presign_ttl, info, original)
 
 

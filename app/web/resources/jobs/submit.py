@@ -10,7 +10,7 @@ from flask_smorest import abort
 
 from app.jobs.submit import Caps, JobRequest, Refused, Submitted, submit_job
 from app.web.auth import current_tenant, tenant_quota
-from app.web.services import request_session, services
+from app.web.services import close_request_session, request_session, services
 
 
 def submit(
@@ -27,7 +27,14 @@ def submit(
     )
     caps = Caps(svc.settings.max_queued, svc.settings.max_running, tenant_quota())
     try:
-        return submit_job(request_session(), svc.publisher, current_tenant(), request, caps)
+        return submit_job(
+            request_session(),
+            svc.publisher,
+            current_tenant(),
+            request,
+            caps,
+            release=close_request_session,
+        )
     except Refused as refused:
         headers = {"Retry-After": str(refused.retry_after)} if refused.retry_after else None
         abort(refused.status, message=refused.message, **({"headers": headers} if headers else {}))
