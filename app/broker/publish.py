@@ -104,7 +104,9 @@ class Publisher:
         content_type, encoding, body = serialization.dumps(message.body, serializer="json")
         properties = {"delivery_mode": 2, **message.properties}
         put = (body, priority, content_type, encoding, message.headers, properties)
-        with self.celery.pool.acquire(block=True, timeout=self.timeout) as conn:
+        # Waits for a free pooled connection as send_task did: a burst larger than the
+        # pool queues here rather than failing (a failure pauses publishing).
+        with self.celery.pool.acquire(block=True) as conn:
             try:
                 self._put(conn, queue, *put)
             except conn.recoverable_connection_errors:
