@@ -19,7 +19,10 @@ N clients (threads, one keep-alive connection each) POST as fast as answers come
 servers take turns, `--rounds` times per client count, each for `--seconds`, so a machine
 loaded by other work weighs on them alike; before every turn the queued jobs are canceled
 and the queues purged, so every turn starts from an empty queue. Ratios are against the
-minimal submit of the same run.
+minimal submit of the same run. "CPU ms/submit" is the server's own processes' CPU per
+accepted submit; "machine CPU ms/submit" is the whole machine's busy time per accepted
+submit (the server, PostgreSQL, RabbitMQ and the client threads): when submits/s times
+it comes near the machine's CPU count times 1,000, the run is CPU-bound.
 """
 
 from __future__ import annotations
