@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import select
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import psycopg2
 from psycopg2.extensions import TRANSACTION_STATUS_IDLE
 from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 
@@ -20,20 +24,58 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+# A pooled connection idle longer than this is pinged before use; one used more recently
+# is only checked for a message or EOF from the server (no round trip).
+PING_AFTER_IDLE = 5.0
+
+
+def _checked_in(_dbapi_conn, record) -> None:
+    record.info["idle_since"] = time.monotonic()
+
+
+def _check_alive(dialect, dbapi_conn, record) -> None:
+    """The pool's checkout: a connection the server ended is swapped for a fresh one.
+
+    A server that ends a connection (a restart, `pg_terminate_backend`, an idle timeout)
+    sends its last message and closes the socket, so a pooled connection with anything to
+    read is one to drop: polling the socket costs no round trip, where `pool_pre_ping`
+    costs one per checkout. A connection idle for longer than PING_AFTER_IDLE, which a
+    firewall may have dropped without a word, is pinged as `pool_pre_ping` would. Raising
+    DisconnectionError makes the pool discard the connection and check out another.
+    """
+    if dbapi_conn.closed:
+        raise DisconnectionError("the connection is closed")
+    idle_since = record.info.get("idle_since")
+    if idle_since is None or time.monotonic() - idle_since > PING_AFTER_IDLE:
+        try:
+            dialect.do_ping(dbapi_conn)
+        except Exception as exc:  # any failure: a fresh connection
+            raise DisconnectionError(f"ping failed: {exc}") from exc
+        return
+    poller = select.poll()
+    poller.register(dbapi_conn.fileno(), select.POLLIN)
+    if poller.poll(0):
+        raise DisconnectionError("the server has ended the connection")
+
+
 def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(
+    engine = create_engine(
         url,
-        pool_pre_ping=True,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_recycle=1800,
         # Fail fast when the server is away, and never let one statement hang a worker.
         connect_args={"connect_timeout": 5, "options": "-c statement_timeout=15000"},
     )
+    dialect = engine.dialect
+    event.listen(engine, "connect", _checked_in)  # just made: alive
+    event.listen(engine, "checkin", _checked_in)
+    event.listen(engine, "checkout", lambda conn, record, _: _check_alive(dialect, conn, record))
+    return engine
 
 
 def execute_alone(session: Session, sql: str, params: dict) -> list[tuple]:
@@ -43,10 +85,11 @@ def execute_alone(session: Session, sql: str, params: dict) -> list[tuple]:
 
     The statement runs in the driver's autocommit, so it costs one round trip (no BEGIN,
     no COMMIT): the server commits it as it ends, durably unless the statement itself
-    relaxes `synchronous_commit`. It skips SQLAlchemy's compilation and type processing
-    (the submit's hot path), not its error handling: failures raise SQLAlchemy's
-    exceptions and a lost connection is invalidated. A statement that fails leaves
-    nothing behind; the caller rolls the session back as after any error.
+    relaxes `synchronous_commit`. It goes straight to the driver's cursor (the submit's
+    hot path: no compilation, no result processing), keeping SQLAlchemy's error contract:
+    a failure raises SQLAlchemy's exception for it (IntegrityError, OperationalError, ...)
+    and a lost connection is invalidated. A statement that fails leaves nothing behind;
+    the caller rolls the session back as after any error.
     """
     connection = session.connection()
     driver = connection.connection.dbapi_connection
@@ -57,8 +100,17 @@ def execute_alone(session: Session, sql: str, params: dict) -> list[tuple]:
         driver = connection.connection.dbapi_connection
     driver.autocommit = True
     try:
-        result = connection.exec_driver_sql(sql, params)
-        return result.fetchall() if result.returns_rows else []
+        with driver.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if cursor.description is not None else []
+    except psycopg2.Error as err:
+        dialect = connection.dialect
+        lost = dialect.is_disconnect(err, driver, None)
+        if lost:
+            connection.invalidate(err)
+        raise DBAPIError.instance(
+            sql, params, err, psycopg2.Error, connection_invalidated=lost, dialect=dialect
+        ) from err
     finally:
         if not driver.closed:
             driver.autocommit = False
