@@ -8,8 +8,8 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import select, text, update
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from app.db.models import ApiKey, RequestCount, Tenant
 from app.db.session import execute_alone
@@ -68,6 +68,19 @@ def test_a_failed_statement_leaves_nothing_and_the_session_goes_on(db):
         assert session.scalar(select(Tenant.name).where(Tenant.name == name)) == name
     # The failed statement's other half (its CTE) was not kept either.
     assert _tenant_ids(db, name + "-x") and len(_tenant_ids(db, name)) == 1
+
+
+def test_a_lost_connection_raises_and_is_invalidated(db):
+    with db.sessions() as session:
+        pid = execute_alone(session, "SELECT pg_backend_pid()", {})[0][0]
+        with db.session() as other:  # the server ends the session's connection
+            other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        with pytest.raises(OperationalError) as raised:
+            execute_alone(session, "SELECT 1", {})
+        assert raised.value.connection_invalidated
+        session.rollback()
+        # The session goes on, on a fresh connection.
+        assert execute_alone(session, "SELECT pg_backend_pid()", {})[0][0] != pid
 
 
 def _key_row(db, presented: str) -> ApiKey:
