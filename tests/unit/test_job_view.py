@@ -3,6 +3,7 @@ webhook's `data` are the same object, and the webhook worker renders it without 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -138,3 +139,64 @@ def test_the_webhook_worker_renders_jobs_without_flask(tmp_path):
     loaded = {name.split(".")[0] for name in out.stdout.split()}
     assert "tasks" in loaded and "celery" in loaded  # the check ran where it should
     assert not loaded & {"flask", "flask_smorest", "flask_sock", "werkzeug"}
+
+
+def _fresh(**changes):
+    from app.db.models import Job
+    from app.jobs.states import JobStatus, Priority
+    from app.jobs.transitions import progress_of
+
+    values = {
+        "id": uuid.uuid4(),
+        "tenant_id": uuid.uuid4(),
+        "status": JobStatus.QUEUED,
+        "model": "tiny",
+        "queue": "gpu.tiny",
+        "input": {"prompt": "a red cube", "steps": 3, "seed": 7, "width": 64},
+        "progress": progress_of("queued", 0, 3),
+        "priority": Priority.HIGH,
+        "attempts": 0,
+        "created_at": datetime(2026, 11, 23, 12, 0, 0, 123456, tzinfo=UTC),
+        "version": 0,
+    }
+    return Job(**{**values, **changes})
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"client_metadata": {"order": 42, "tags": ["a", "b"]}},
+        {"webhook_url": "https://hooks.example.com/in", "webhook_events": ["completed"]},
+        {"webhook_url": "https://hooks.example.com/in", "webhook_events": None},
+        {"replay_of": uuid.uuid4()},
+        {"progress": {"stage": "queued", "step": 0, "total_steps": 0, "percent": 0}},
+        {"progress": None, "attempts": 2},
+    ],
+)
+def test_a_fresh_jobs_json_is_the_schemas(changes):
+    """The submit's 202 renders a job just stored by hand (app/jobs/view.py): it must be
+    what the documented schema gives, field for field."""
+    from app.jobs.queue_info import QueueInfo
+    from app.jobs.view import _JOB_SCHEMA, _is_fresh, job_json, job_view
+    from app.storage.local import LocalStorage
+
+    job = _fresh(**changes)
+    storage = LocalStorage(root="/nonexistent", secret_key="secret")
+    for queue in (None, QueueInfo(position=3, eta_seconds=12)):
+        view = job_view(job, storage, 60, PUBLIC_URL, queue)
+        assert _is_fresh(view)
+        # As JSON text: 0 and 0.0 are equal as Python values, not on the wire.
+        mine, documented = job_json(view), _JOB_SCHEMA.dump(view)
+        assert json.dumps(mine, sort_keys=True) == json.dumps(documented, sort_keys=True)
+
+
+def test_a_job_that_ran_is_not_taken_for_fresh():
+    from app.jobs.states import JobStatus
+    from app.jobs.view import _is_fresh, job_view
+    from app.storage.local import LocalStorage
+
+    storage = LocalStorage(root="/nonexistent", secret_key="secret")
+    assert not _is_fresh(job_view(_job(), storage, 60, PUBLIC_URL))
+    started = _fresh(status=JobStatus.RUNNING, started_at=datetime.now(UTC))
+    assert not _is_fresh(job_view(started, storage, 60, PUBLIC_URL))
