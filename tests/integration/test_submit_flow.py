@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, inspect, select
 
 from app.catalog import tiny_spec
 from app.db.models import Job, Tenant
@@ -116,3 +116,29 @@ def test_a_tenant_over_its_daily_quota_is_refused(db):
     with db.sessions() as session, pytest.raises(Refused) as refused:
         submit_job(session, FakePublisher(True), tenant_id, _request(), caps)
     assert refused.value.status == 429 and refused.value.retry_after > 0
+
+
+@pytest.mark.parametrize(
+    "caps", [NO_CAPS, Caps(max_queued=50, max_running=0, daily_gpu_seconds=None)]
+)
+def test_the_submitted_job_is_the_row_as_stored(db, caps):
+    """The job a submit answers with is built from the values it inserted, not read back:
+    every attribute must be what the row holds."""
+    tenant_id = _tenant(db)
+    request = JobRequest(
+        spec=SPEC,
+        params={**_request().params, "width": 64},
+        metadata={"order": 7},
+        cancel_after=600,
+        webhook="https://hooks.example.com/in",
+        webhook_events=["completed"],
+        idempotency_key=f"k-{uuid.uuid4().hex}",
+        body_hash="ab" * 32,
+    )
+    with db.sessions() as session:
+        answered = submit_job(session, FakePublisher(True), tenant_id, request, caps).job
+    stored = _row(db, answered.id)
+    for attr in (a.key for a in inspect(Job).column_attrs):
+        if attr == "published_at":  # recorded after the answer, by the confirm's batch
+            continue
+        assert getattr(answered, attr) == getattr(stored, attr), attr
