@@ -98,6 +98,16 @@ def test_each_limit_is_a_422_naming_the_field(
     assert queue_state(stack.broker_url, "gpu.tiny-b")[0] == messages_before
 
 
+def test_a_nul_in_the_idempotency_key_is_a_422_naming_the_header(client, tenant_key, db):
+    jobs_before = _job_count(db)
+    headers = {**auth(tenant_key), "Idempotency-Key": "a\x00b", "X-Other": "c\x00d"}
+    response = client.post("/v1/jobs", json=VALID, headers=headers)
+    assert response.status_code == 422, response.json
+    # Only the header the schema reads is looked at; another one is dropped unread.
+    assert set(response.json["errors"]["headers"]) == {"Idempotency-Key"}
+    assert _job_count(db) == jobs_before
+
+
 def test_all_broken_fields_are_reported_together(client, tenant_key):
     response = client.post(
         "/v1/jobs",
