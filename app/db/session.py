@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import psycopg2
 from psycopg2.extensions import TRANSACTION_STATUS_IDLE
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -91,12 +91,12 @@ def execute_alone(session: Session, sql: str, params: dict) -> list[tuple]:
     and a lost connection is invalidated. A statement that fails leaves nothing behind;
     the caller rolls the session back as after any error.
     """
-    connection = session.connection()
+    connection = _connection_of(session)
     driver = connection.connection.dbapi_connection
     pending = session.new or session.dirty or session.deleted
     if pending or driver.info.transaction_status != TRANSACTION_STATUS_IDLE:
         session.commit()  # what the session did so far (else its commit has nothing to do)
-        connection = session.connection()
+        connection = _connection_of(session)
         driver = connection.connection.dbapi_connection
     driver.autocommit = True
     try:
@@ -114,6 +114,16 @@ def execute_alone(session: Session, sql: str, params: dict) -> list[tuple]:
     finally:
         if not driver.closed:
             driver.autocommit = False
+
+
+def _connection_of(session: Session) -> Connection:
+    """The connection a statement alone runs on: a session bound to one connection (the
+    API's request) lends it as it is while the session has no transaction of its own, so
+    the statement begins and commits nothing on the session's side either."""
+    bind = session.bind
+    if isinstance(bind, Connection) and not session.in_transaction():
+        return bind
+    return session.connection()
 
 
 class Database:

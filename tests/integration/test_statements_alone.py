@@ -46,6 +46,19 @@ def test_what_the_session_did_before_is_committed_first(db):
         assert len(_tenant_ids(db, name)) == 1
 
 
+def test_a_session_on_one_connection_lends_it_as_the_api_request_does(db):
+    first, second = f"lent-{uuid.uuid4().hex[:8]}", f"lent-{uuid.uuid4().hex[:8]}"
+    insert = "INSERT INTO tenants (id, name, created_at, weight) VALUES (%(id)s, %(n)s, now(), 1)"
+    with db.engine.connect() as connection:
+        session = db.sessions(bind=connection)
+        execute_alone(session, insert, {"id": str(uuid.uuid4()), "n": first})
+        assert not session.in_transaction() and not connection.in_transaction()
+        session.add(Tenant(name=second))  # pending: committed before the next statement
+        execute_alone(session, "SELECT 1", {})
+        assert len(_tenant_ids(db, first)) == 1 and len(_tenant_ids(db, second)) == 1
+        session.close()
+
+
 def test_a_failed_statement_leaves_nothing_and_the_session_goes_on(db):
     name = f"dup-{uuid.uuid4().hex[:8]}"
     insert = (
