@@ -9,12 +9,13 @@ import time
 import uuid
 
 from kombu import serialization
-from sqlalchemy import Engine, bindparam, text, update
+from sqlalchemy import Engine, bindparam, update
+from sqlalchemy.orm import Session
 
 from app.broker.topology import WEBHOOK_QUEUE, declare_topology
 from app.catalog import Catalog, ModelSpec
 from app.db.models import Job
-from app.db.session import Database
+from app.db.session import Database, execute_alone
 from app.db.types import utcnow
 from app.jobs import service
 from app.jobs.payload import DELIVER_WEBHOOK_TASK, GENERATE_TASK, build_payload
@@ -188,7 +189,13 @@ _MARK_PUBLISHED = (
     .where(_jobs.c.id.in_(bindparam("ids", expanding=True)), _jobs.c.published_at.is_(None))
     .values(published_at=bindparam("now"))
 )
-_RELAXED = text("SET LOCAL synchronous_commit = off")  # a lost mark costs a second publish
+# PostgreSQL: one statement alone, its commit not waiting for the WAL flush (a lost mark
+# costs a second publish).
+_MARK_PUBLISHED_PG = (
+    "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) "
+    "UPDATE jobs SET published_at = %(now)s FROM relaxed "
+    "WHERE id = ANY(%(ids)s::uuid[]) AND published_at IS NULL"
+)
 
 
 class PublishedMarks:
@@ -224,10 +231,13 @@ class PublishedMarks:
         if not ids:
             return 0
         try:
-            with self.engine.begin() as conn:
-                if conn.dialect.name == "postgresql":
-                    conn.execute(_RELAXED)
-                conn.execute(_MARK_PUBLISHED, {"ids": ids, "now": utcnow()})
+            if self.engine.dialect.name == "postgresql":
+                with Session(self.engine) as session:
+                    params = {"ids": [str(i) for i in ids], "now": utcnow()}
+                    execute_alone(session, _MARK_PUBLISHED_PG, params)
+            else:
+                with self.engine.begin() as conn:
+                    conn.execute(_MARK_PUBLISHED, {"ids": ids, "now": utcnow()})
         except Exception as exc:  # noqa: BLE001 - the relay publishes these again
             log.warning("marking %d confirmed publish(es) failed: %s", len(ids), exc)
         return len(ids)
