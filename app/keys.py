@@ -148,7 +148,8 @@ def admit(session: Session, presented: str, rate_limit: int) -> Admission | None
         "now": now,
         "stale": now - LAST_USED_RESOLUTION,
     }
-    rows = execute_alone(session, _ADMIT, params)
+    # A request counted twice, when its connection was lost mid-call, costs nothing.
+    rows = execute_alone(session, _ADMIT, params, again_if_lost=True)
     if not rows:
         return None
     tenant, quota, requests = rows[0]

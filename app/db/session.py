@@ -78,7 +78,9 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     return engine
 
 
-def execute_alone(session: Session, sql: str, params: dict) -> list[tuple]:
+def execute_alone(
+    session: Session, sql: str, params: dict, *, again_if_lost: bool = False
+) -> list[tuple]:
     """PostgreSQL: run one statement, written in the driver's SQL (`%(name)s` parameters),
     as a transaction of its own on the session's connection, after committing what the
     session did before it; returns its rows as the driver gives them.
@@ -90,6 +92,11 @@ def execute_alone(session: Session, sql: str, params: dict) -> list[tuple]:
     a failure raises SQLAlchemy's exception for it (IntegrityError, OperationalError, ...)
     and a lost connection is invalidated. A statement that fails leaves nothing behind;
     the caller rolls the session back as after any error.
+
+    With `again_if_lost`, for a statement that may run twice (counting a request, say),
+    a connection found lost is replaced and the statement runs once more: the server can
+    end a connection between the pool's checkout and its first statement (a backend
+    signalled to terminate answers nothing more), and a request need not fail for it.
     """
     connection = _connection_of(session)
     driver = connection.connection.dbapi_connection
@@ -108,6 +115,9 @@ def execute_alone(session: Session, sql: str, params: dict) -> list[tuple]:
         lost = dialect.is_disconnect(err, driver, None)
         if lost:
             connection.invalidate(err)
+            if again_if_lost:
+                session.rollback()  # holds nothing of the caller's: that was committed first
+                return execute_alone(session, sql, params)
         raise DBAPIError.instance(
             sql, params, err, psycopg2.Error, connection_invalidated=lost, dialect=dialect
         ) from err

@@ -25,8 +25,8 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, cast
 
-from sqlalchemy import inspect
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import inspect, select
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from app import usage
@@ -252,11 +252,31 @@ def _store_releasing(session: Session, values: dict, *, reserved: bool) -> None:
     if session.get_bind().dialect.name == "postgresql":
         sql = _insert_sql(tuple(row), reserved)
         params = {"row": json.dumps(row, default=_json_value), "released": str(values["id"])}
-        execute_alone(session, sql, params)
+        try:
+            execute_alone(session, sql, params)
+        except DBAPIError as lost:
+            if not lost.connection_invalidated:
+                raise
+            _store_again(session, sql, params, values["id"])
         return
     session.execute(_INSERT, row)
     if reserved:
         release_slot(session, values["id"])
+
+
+def _store_again(session: Session, sql: str, params: dict, job_id: uuid.UUID) -> None:
+    """The connection was lost with the job's statement sent, so it may have committed:
+    a 503 could then name a job that runs, and the client's retry would make a second.
+    Sent again on a fresh connection, the statement stores the job, or fails because the
+    first one did: then the job is there, and the submit goes on."""
+    session.rollback()
+    try:
+        execute_alone(session, sql, params)
+    except IntegrityError:
+        session.rollback()
+        if session.scalar(select(Job.id).where(Job.id == job_id)) is None:
+            raise
+        session.commit()
 
 
 @functools.cache

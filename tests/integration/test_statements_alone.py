@@ -96,6 +96,19 @@ def test_a_lost_connection_raises_and_is_invalidated(db):
         assert execute_alone(session, "SELECT pg_backend_pid()", {})[0][0] != pid
 
 
+@pytest.mark.parametrize("on_one_connection", [False, True])
+def test_a_statement_that_may_run_twice_runs_again_on_a_fresh_connection(db, on_one_connection):
+    connection = db.engine.connect() if on_one_connection else None
+    with db.sessions(**({"bind": connection} if connection else {})) as session:
+        pid = execute_alone(session, "SELECT pg_backend_pid()", {})[0][0]
+        with db.session() as other:
+            other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        again = execute_alone(session, "SELECT pg_backend_pid()", {}, again_if_lost=True)
+        assert again[0][0] != pid
+    if connection is not None:
+        connection.close()
+
+
 def _key_row(db, presented: str) -> ApiKey:
     with db.session() as session:
         return session.scalar(select(ApiKey).where(ApiKey.key_id == presented.split("_")[1]))

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, inspect, select
+from sqlalchemy import func, inspect, select, text
 
 from app.catalog import tiny_spec
 from app.db.models import Job, Tenant
@@ -142,3 +142,58 @@ def test_the_submitted_job_is_the_row_as_stored(db, caps):
         if attr == "published_at":  # recorded after the answer, by the confirm's batch
             continue
         assert getattr(answered, attr) == getattr(stored, attr), attr
+
+
+@pytest.mark.parametrize("committed", [False, True])
+def test_a_connection_lost_on_the_jobs_statement_stores_it_once(db, monkeypatch, committed):
+    """The server ends the connection as the job's statement goes out: before it ran
+    (`committed` False) or after it committed, its answer lost. Either way the submit
+    stores the job once and answers with it, instead of a 503 for a job that may exist."""
+    from app.db import session as sessions
+    from app.jobs import submit as submit_module
+
+    real = sessions.execute_alone
+    cut = []
+
+    def terminate(session) -> None:
+        pid = real(session, "SELECT pg_backend_pid()", {})[0][0]
+        with db.session() as other:
+            other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        wait_until(lambda: _backend_gone(db, pid), timeout=5)
+
+    def cutting(session, sql, params, **kwargs):
+        if "INSERT INTO jobs" not in sql or cut:
+            return real(session, sql, params, **kwargs)
+        cut.append(sql)
+        if committed:
+            real(session, sql, params)
+            terminate(session)
+            return real(session, "SELECT 1", {})  # raises: the connection is gone
+        terminate(session)
+        return real(session, sql, params, **kwargs)  # raises before it ran
+
+    monkeypatch.setattr(submit_module, "execute_alone", cutting)
+    tenant_id = _tenant(db)
+    caps = Caps(max_queued=50, max_running=0, daily_gpu_seconds=None)
+    with db.sessions() as session:
+        job = submit_job(session, FakePublisher(True), tenant_id, _request(), caps).job
+    assert cut, "the job's statement was not cut"
+    with db.session() as session:
+        stored = session.scalar(select(func.count()).where(Job.tenant_id == tenant_id))
+    print(f"\ncommitted before the cut: {committed}; jobs stored: {stored}")
+    assert stored == 1 and _row(db, job.id) is not None
+    assert not _reservation_of(db, job.id)  # its slot was released with the job's insert
+
+
+def _backend_gone(db, pid: int) -> bool:
+    with db.session() as session:
+        row = session.execute(text("SELECT 1 FROM pg_stat_activity WHERE pid = :p"), {"p": pid})
+        return row.first() is None
+
+
+def _reservation_of(db, job_id) -> bool:
+    with db.session() as session:
+        found = session.execute(
+            text("SELECT 1 FROM submit_reservations WHERE job_id = :j"), {"j": job_id}
+        )
+        return found.first() is not None
