@@ -23,7 +23,7 @@ def services() -> Services:
 
 def request_session() -> Session:
     """One session per request on one connection: authentication and the view share it,
-    and it stays checked out across their commits (one pool checkout, one ping)."""
+    and it stays checked out across their commits (one pool checkout)."""
     session = g.get("db_session")
     if session is None:
         connection = services().db.engine.connect()
