@@ -1,37 +1,11 @@
 """Celery settings for diffq (see the README's configuration table).
 
-Importing this module reads nothing: the settings that come from the environment and the
-model catalog (broker, queues) are built by `from_services`, which the Celery app calls
-when it is first configured (tasks/celery_app.py). A module named by DIFFQ_CELERY_CONFIG
-can `from celeryconfig import *` and override any of these; what it leaves out comes from
-`from_services`.
+Static settings only: importing this module reads nothing and imports nothing of diffq.
+The broker URL, its transport options and the queues come from the process's root when
+the Celery app is first configured (app/broker/celery.py: the broker backend's
+`celery_settings`). A module named by DIFFQ_CELERY_CONFIG can `from celeryconfig import *`
+and override any of these, or those.
 """
-
-from app.broker.topology import WEBHOOK_QUEUE, work_queue
-
-
-def from_services(services) -> dict:
-    """The settings read from the process's root (app/services.py): its settings, catalog."""
-    settings, catalog = services.settings, services.catalog
-    if settings.embedded:
-        # No server: kombu's filesystem transport under DIFFQ_HOME (no DLX, no priorities).
-        from app.broker.embedded import transport_options  # also registers the URL scheme
-
-        transport = transport_options(settings)
-    else:
-        # Publisher confirms: apply_async returns only once RabbitMQ has the message.
-        transport = {"confirm_publish": True}
-    return {
-        "broker_url": settings.broker_url,
-        "broker_transport_options": transport,
-        "broker_connection_timeout": settings.publish_timeout,  # a submit waits about this
-        # One durable queue per model pool, each with its dead-letter queue.
-        "task_queues": [
-            work_queue(name, settings.queue_type) for name in [*catalog.queues, WEBHOOK_QUEUE]
-        ],
-        "task_default_queue": catalog.get(None).queue,
-    }
-
 
 # --- Broker ------------------------------------------------------------------------
 broker_connection_retry_on_startup = True
@@ -46,7 +20,7 @@ task_default_delivery_mode = "persistent"
 task_ignore_result = True
 result_backend = None
 
-# --- Queues (the queues themselves: from_services) ------------------------------------
+# --- Queues (the queues themselves: the broker backend's celery_settings) ---------------
 task_create_missing_queues = False
 
 # --- Reliability -------------------------------------------------------------------

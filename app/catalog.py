@@ -7,7 +7,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from app.config import Settings
-from app.rules import SCHEDULER_NAMES
+from app.families import DEFAULT_FAMILY, FAMILIES
+from app.presets import PRESETS
+from app.rules import MAX_STEPS, SCHEDULER_NAMES, schedulers_for
+from app.rules import SCHEDULERS as SCHEDULER_TABLE
 
 # RabbitMQ 3.x cancels a consumer whose delivery stays unacked for consumer_timeout
 # (30 min by default); a job's hard time limit must end well before that.
@@ -15,6 +18,7 @@ CONSUMER_TIMEOUT_SECONDS = 1800
 TIME_LIMIT_HEADROOM_SECONDS = 300
 
 DTYPES = ("float32", "float16", "bfloat16")
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 # Every scheduler a model may offer: app/rules.py's table (a test runs each on the worker).
 SCHEDULERS = SCHEDULER_NAMES
 
@@ -44,7 +48,17 @@ class ModelSpec:
     max_prompt_chars: int = 2000
     soft_time_limit: int = 600
     time_limit: int = 660
-    schedulers: tuple[str, ...] = field(default=SCHEDULERS)
+    # The model's architecture (app/families.py: sd, sd3, flux): which schedulers fit it
+    # and the size multiple it needs; the worker checks it against the model's files.
+    family: str = DEFAULT_FAMILY
+    # A few-step preset (app/presets.py: lcm, turbo, lightning, schnell): the defaults and
+    # limits a distilled model runs well with, filled in where the table sets none.
+    preset: str | None = None
+    # The schedulers it offers; None (the default): every one that fits its family.
+    schedulers: tuple[str, ...] | None = None
+    # The job kinds it offers (app/kinds); a model with a dedicated inpainting UNet
+    # offers only "inpaint". The first is the one its workers warm up with.
+    kinds: tuple[str, ...] = ("txt2img", "img2img", "inpaint")
     # Where `high` priority jobs go instead of `queue` (e.g. a pool on on-demand nodes
     # while `queue` is served by spot nodes); empty: the same queue.
     high_priority_queue: str = ""
@@ -65,10 +79,30 @@ class ModelSpec:
     max_wait_ms: int = 0
     sizes: tuple[str, ...] = ()
     sizes_required: bool = False
+    # LoRA adapters (app/adapters.py): the family of LoRAs it takes, by their layers'
+    # widths (one of app/adapters.py FAMILIES: sd15, sd2, sdxl, tiny; empty: the model
+    # takes none) and how many one job may name.
+    lora_family: str = ""
+    max_loras: int = 4
+    # torch.compile (workers/compiled.py): the "WIDTHxHEIGHT" tiers whose jobs run on a
+    # compiled denoiser, each compiled and warmed when the worker starts; other sizes run
+    # eager. Empty: nothing compiled.
+    compile_sizes: tuple[str, ...] = ()
+    # torch.compile's backend: inductor (generated kernels); aot_eager and eager trace
+    # without generating code (seconds instead of minutes: the CPU tests use them).
+    compile_backend: str = "inductor"
+
+    def __post_init__(self) -> None:
+        if self.schedulers is None and self.family in FAMILIES:
+            object.__setattr__(self, "schedulers", schedulers_for(self.family))
 
     @property
     def size_tiers(self) -> tuple[tuple[int, int], ...]:
         return tuple(_parse_size(s) for s in self.sizes)
+
+    @property
+    def compile_tiers(self) -> tuple[tuple[int, int], ...]:
+        return tuple(_parse_size(s) for s in self.compile_sizes)
 
     def batches(self, width: int, height: int) -> bool:
         """Whether a job of this size may share a batch (max_batch > 1, size in the tiers)."""
@@ -88,20 +122,35 @@ class ModelSpec:
         return (self.queue, self.high_priority_queue) if self.high_priority_queue else (self.queue,)
 
     def check(self) -> None:
+        if self.family not in FAMILIES:
+            raise CatalogError(f"model {self.name!r}: family must be one of {sorted(FAMILIES)}")
+        if self.preset is not None and self.preset not in PRESETS:
+            raise CatalogError(f"model {self.name!r}: preset must be one of {sorted(PRESETS)}")
+        multiple = FAMILIES[self.family].size_multiple
+        if self.size_multiple % multiple:
+            raise CatalogError(
+                f"model {self.name!r}: size_multiple must be a multiple of {multiple} for "
+                f"family {self.family!r}"
+            )
         if self.dtype not in DTYPES:
             raise CatalogError(f"model {self.name!r}: dtype must be one of {DTYPES}")
         if not self.queue:
             raise CatalogError(f"model {self.name!r}: queue is required")
         if self.size_multiple <= 0 or self.min_size % self.size_multiple:
             raise CatalogError(f"model {self.name!r}: min_size must be a multiple of size_multiple")
-        for dim in ("default_width", "default_height"):
+        for dim, most in (("default_width", self.max_width), ("default_height", self.max_height)):
             value = getattr(self, dim)
-            if value % self.size_multiple or not self.min_size <= value:
+            if value % self.size_multiple or not self.min_size <= value <= most:
                 raise CatalogError(f"model {self.name!r}: {dim} breaks the model's own limits")
         if self.default_width * self.default_height > self.max_pixels:
             raise CatalogError(f"model {self.name!r}: default size exceeds max_pixels")
         if not 1 <= self.default_steps <= self.max_steps:
             raise CatalogError(f"model {self.name!r}: default_steps must be in 1..max_steps")
+        if self.max_steps > MAX_STEPS:
+            raise CatalogError(
+                f"model {self.name!r}: max_steps must be at most {MAX_STEPS} (the schedulers "
+                "were trained over 1000 timesteps)"
+            )
         if not 0 < self.soft_time_limit < self.time_limit:
             raise CatalogError(f"model {self.name!r}: need 0 < soft_time_limit < time_limit")
         if self.time_limit > CONSUMER_TIMEOUT_SECONDS - TIME_LIMIT_HEADROOM_SECONDS:
@@ -122,7 +171,11 @@ class ModelSpec:
             raise CatalogError(f"model {self.name!r}: max_batch must be at least 1")
         if not 0 <= self.max_wait_ms <= 10_000:
             raise CatalogError(f"model {self.name!r}: max_wait_ms must be in 0..10000")
-        for size in self.sizes:
+        if self.compile_backend not in COMPILE_BACKENDS:
+            raise CatalogError(
+                f"model {self.name!r}: compile_backend must be one of {COMPILE_BACKENDS}"
+            )
+        for size in (*self.sizes, *self.compile_sizes):
             try:
                 width, height = _parse_size(size)
             except ValueError as exc:
@@ -146,12 +199,52 @@ class ModelSpec:
         unknown = set(self.schedulers) - set(SCHEDULERS)
         if unknown:
             raise CatalogError(f"model {self.name!r}: unknown schedulers {sorted(unknown)}")
+        unfit = [s for s in self.schedulers if self.family not in SCHEDULER_TABLE[s].families]
+        if unfit:
+            raise CatalogError(
+                f"model {self.name!r}: schedulers {unfit} do not fit family {self.family!r} "
+                f"(it takes {list(schedulers_for(self.family))})"
+            )
+        from app.adapters import FAMILIES as LORA_FAMILIES
+
+        if self.lora_family and self.lora_family not in LORA_FAMILIES:
+            raise CatalogError(
+                f"model {self.name!r}: lora_family must be one of {sorted(LORA_FAMILIES)}, "
+                f"got {self.lora_family!r}"
+            )
+        if self.lora_family and FAMILIES[self.family].flow:
+            raise CatalogError(
+                f"model {self.name!r}: LoRA adapters are for UNet models; "
+                f"a {self.family} model takes none (leave lora_family out)"
+            )
+        if not 0 <= self.max_loras <= 16:
+            raise CatalogError(f"model {self.name!r}: max_loras must be in 0..16")
+        from app.kinds import KINDS
+
+        if not self.kinds or set(self.kinds) - set(KINDS):
+            raise CatalogError(
+                f"model {self.name!r}: kinds must be some of {sorted(KINDS)}, "
+                f"got {list(self.kinds)}"
+            )
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """A shared LoRA adapter (`[adapters.NAME]`): every tenant's jobs may name it. Its
+    file is read by the workers; `sha256` (computed when the file is readable where the
+    catalog loads, else given) goes into cache keys and manifests."""
+
+    name: str
+    path: Path
+    family: str
+    sha256: str
 
 
 @dataclass(frozen=True)
 class Catalog:
     models: dict[str, ModelSpec]
     default_model: str
+    adapters: dict[str, AdapterSpec] = field(default_factory=dict)
 
     def get(self, name: str | None) -> ModelSpec | None:
         return self.models.get(name or self.default_model)
@@ -180,6 +273,7 @@ def tiny_spec(path: Path, name: str = "tiny", queue: str = "gpu.tiny") -> ModelS
         default_steps=8,
         soft_time_limit=120,
         time_limit=180,
+        lora_family="tiny",
     )
 
 
@@ -201,6 +295,13 @@ def _spec_from_table(name: str, table: dict, base_dir: Path) -> ModelSpec:
     if "path" not in table:
         raise CatalogError(f"model {name!r}: path is required")
     values = dict(table)
+    preset = values.get("preset")
+    if preset is not None and preset not in PRESETS:
+        raise CatalogError(f"model {name!r}: preset must be one of {sorted(PRESETS)}")
+    values = {**PRESETS.get(preset, {}), **values}  # the table's own keys win
+    family = values.get("family", DEFAULT_FAMILY)
+    if family in FAMILIES:  # check() names a family that is not
+        values.setdefault("size_multiple", max(8, FAMILIES[family].size_multiple))
     path = Path(values.pop("path")).expanduser()
     values["path"] = path if path.is_absolute() else (base_dir / path)
     values.setdefault("queue", f"gpu.{name}")
@@ -209,8 +310,11 @@ def _spec_from_table(name: str, table: dict, base_dir: Path) -> ModelSpec:
         values["vae_path"] = vae if vae.is_absolute() else (base_dir / vae)
     if "schedulers" in values:
         values["schedulers"] = tuple(values["schedulers"])
-    if "sizes" in values:
-        values["sizes"] = tuple(values["sizes"])
+    for key in ("sizes", "compile_sizes"):
+        if key in values:
+            values[key] = tuple(values[key])
+    if "kinds" in values:
+        values["kinds"] = tuple(values["kinds"])
     try:
         spec = ModelSpec(name=name, **values)
     except TypeError as exc:
@@ -238,4 +342,30 @@ def load_catalog(settings: Settings) -> Catalog:
     default = data.get("default_model") or next(iter(models))
     if default not in models:
         raise CatalogError(f"default_model {default!r} is not defined")
-    return Catalog(models=models, default_model=default)
+    adapters = {
+        name: _adapter_from_table(name, t, base_dir)
+        for name, t in (data.get("adapters") or {}).items()
+    }
+    return Catalog(models=models, default_model=default, adapters=adapters)
+
+
+def _adapter_from_table(name: str, table: dict, base_dir: Path) -> AdapterSpec:
+    import hashlib
+
+    from app.adapters import FAMILIES
+
+    unknown = set(table) - {"path", "family", "sha256"}
+    if unknown:
+        raise CatalogError(f"adapter {name!r}: unknown keys {sorted(unknown)}")
+    if "path" not in table or table.get("family") not in FAMILIES:
+        raise CatalogError(
+            f"adapter {name!r}: path and family (one of {sorted(FAMILIES)}) are required"
+        )
+    path = Path(table["path"]).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    sha256 = table.get("sha256")
+    if path.is_file():
+        sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
+    if not sha256:
+        raise CatalogError(f"adapter {name!r}: {path} is not readable here; give its sha256")
+    return AdapterSpec(name, path, table["family"], sha256)

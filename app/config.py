@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 # kombu's filesystem transport under DIFFQ_HOME/broker (registered in app/broker/embedded.py).
 EMBEDDED_BROKER_URL = "diffqfs://localhost//"
@@ -96,6 +98,27 @@ class Settings:
     models_file: Path | None
     secret_key: str
     max_body_bytes: int
+    # Input images (POST /v1/uploads, a job's `data:` URIs): bytes and pixels an upload
+    # may have, how long an upload is kept unless a job needs it longer, and the most an
+    # inline `data:` URI may hold (decoded).
+    input_max_bytes: int
+    input_max_pixels: int
+    input_ttl: float
+    data_uri_max_bytes: int
+    # LoRA adapters (app/adapters.py, workers/adapters.py): the largest upload; the bytes
+    # of adapters a worker keeps in CPU memory (LRU) and how many it keeps loaded in each
+    # model's pipeline.
+    adapter_max_bytes: int
+    adapter_cache_bytes: int
+    adapter_slots: int
+    # Warmth (docs/fair-share.md): how many times the fair choice may be passed over for
+    # a job whose weights a worker holds (0: warmth ignored), and by how many weighted
+    # GPU-seconds of recent use the warm job's tenant may be ahead of the fairest.
+    warm_max_skips: int
+    # Loaded pipelines a worker process holds at most (LRU; 0: every served model, loaded
+    # at start).
+    worker_max_models: int
+    warm_share_slack: float
     http_keepalive: float
     max_attempts: int
     upload_retries: int
@@ -137,14 +160,27 @@ class Settings:
     ws_ticket_ttl: int  # seconds a WebSocket ticket stays valid
     job_retention: float  # seconds a finished job's row is kept; 0: forever
     queue_type: str  # classic | quorum: the type of every work queue and its DLQ
+    batch_max_bytes: int = 64 * 1024 * 1024  # a batch's body or input file, bytes
+    batch_max_lines: int = 50_000  # a batch's requests
     # Finished jobs waiting for their encode/upload/record while the GPU runs the next
     # (workers/postprocess.py); 0: all of it inline, before the next job starts.
     postprocess_depth: int = 2
-
-    @property
-    def embedded(self) -> bool:
-        """True when the broker needs no server (the laptop mode)."""
-        return self.broker_url == EMBEDDED_BROKER_URL
+    # docs/security.md: failed authentications a minute per client address and per key
+    # id, per API process (0: not limited); open event streams (SSE and WebSocket) per
+    # API process and per tenant in each process (0: no cap).
+    auth_failures: int = 30
+    max_streams: int = 192
+    max_tenant_streams: int = 16
+    # The API's /metrics: its own port (0: not served) and address; seconds the database
+    # aggregates of a scrape are reused.
+    api_metrics_port: int = 9806
+    api_metrics_host: str = "127.0.0.1"
+    metrics_cache_ttl: float = 5.0
+    # Peers whose X-Forwarded-For is believed (addresses or networks, comma-separated).
+    trusted_proxies: str = ""
+    # Origins a browser's WebSocket may come from (comma-separated; default: the public
+    # URL's origin).
+    public_origins: tuple[str, ...] = ()
 
     @property
     def broker_folder(self) -> Path:
@@ -175,10 +211,49 @@ def _secret_key(env: Mapping[str, str], home: Path) -> str:
         return secrets.token_urlsafe(32)
 
 
+def _public_url(env: Mapping[str, str]) -> str:
+    """DIFFQ_PUBLIC_URL, else the API's bind address (a wildcard host read as loopback)."""
+    given = (env.get("DIFFQ_PUBLIC_URL") or "").strip().rstrip("/")
+    if given:
+        parts = urlsplit(given)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+            raise ValueError(f"DIFFQ_PUBLIC_URL must be an http(s) base URL, got {given!r}")
+        return given
+    host, _, port = (env.get("DIFFQ_API_BIND") or "127.0.0.1:8000").rpartition(":")
+    if host in ("", "0.0.0.0", "[::]", "::"):
+        host = "127.0.0.1"
+    return f"http://{host}:{port}"
+
+
+def _origins(env: Mapping[str, str], public_url: str) -> tuple[str, ...]:
+    raw = env.get("DIFFQ_PUBLIC_ORIGINS") or ""
+    origins = [o.strip().rstrip("/") for o in raw.split(",") if o.strip()]
+    if not origins:
+        parts = urlsplit(public_url)
+        origins = [f"{parts.scheme}://{parts.netloc}"]
+        # On loopback (the embedded default), the page may be opened under either name.
+        for one, other in (("127.0.0.1", "localhost"), ("localhost", "127.0.0.1")):
+            if parts.hostname == one:
+                port = f":{parts.port}" if parts.port else ""
+                origins.append(f"{parts.scheme}://{other}{port}")
+    return tuple(o.lower() for o in origins)
+
+
+def _networks(env: Mapping[str, str], name: str) -> str:
+    raw = env.get(name) or ""
+    for part in filter(None, (p.strip() for p in raw.split(","))):
+        try:
+            ipaddress.ip_network(part, strict=False)
+        except ValueError as exc:
+            raise ValueError(f"{name} must be addresses or networks, got {part!r}") from exc
+    return raw
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     home = Path(env.get("DIFFQ_HOME") or Path.home() / ".diffq").expanduser()
     models_file = env.get("DIFFQ_MODELS_FILE")
+    public_url = _public_url(env)
     return Settings(
         home=home,
         database_url=env.get("DIFFQ_DATABASE_URL") or f"sqlite:///{home / 'diffq.sqlite3'}",
@@ -191,7 +266,18 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         presign_ttl=_int(env, "DIFFQ_PRESIGN_TTL", 900),
         models_file=Path(models_file).expanduser() if models_file else None,
         secret_key=_secret_key(env, home),
-        max_body_bytes=_int(env, "DIFFQ_MAX_BODY_BYTES", 64 * 1024),
+        # Room for a job's two inline `data:` URIs (base64) beside its other fields.
+        max_body_bytes=_int(env, "DIFFQ_MAX_BODY_BYTES", 1024 * 1024),
+        input_max_bytes=_int(env, "DIFFQ_INPUT_MAX_BYTES", 20 * 1024 * 1024),
+        input_max_pixels=_int(env, "DIFFQ_INPUT_MAX_PIXELS", 4096 * 4096),
+        input_ttl=_float(env, "DIFFQ_INPUT_TTL", 86400.0),
+        data_uri_max_bytes=_int(env, "DIFFQ_DATA_URI_MAX_BYTES", 256 * 1024),
+        adapter_max_bytes=_int(env, "DIFFQ_ADAPTER_MAX_BYTES", 512 * 1024 * 1024),
+        adapter_cache_bytes=_int(env, "DIFFQ_ADAPTER_CACHE_BYTES", 4 * 1024 * 1024 * 1024),
+        adapter_slots=_int(env, "DIFFQ_ADAPTER_SLOTS", 8),
+        warm_max_skips=_int(env, "DIFFQ_WARM_MAX_SKIPS", 4),
+        worker_max_models=_int(env, "DIFFQ_WORKER_MAX_MODELS", 0),
+        warm_share_slack=_float(env, "DIFFQ_WARM_SHARE_SLACK", 60.0),
         # Idle seconds a client connection is kept open: longer than the load balancer's
         # idle timeout (60 s on most clouds), so the balancer always closes first.
         http_keepalive=_float(env, "DIFFQ_HTTP_KEEPALIVE", 75.0),
@@ -217,8 +303,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         worker_metrics_host=env.get("DIFFQ_WORKER_METRICS_HOST") or "127.0.0.1",
         rabbitmq_api_url=env.get("DIFFQ_RABBITMQ_API_URL") or None,
         flower_auth=env.get("DIFFQ_FLOWER_AUTH") or None,
-        public_url=env.get("DIFFQ_PUBLIC_URL")
-        or f"http://{env.get('DIFFQ_API_BIND') or '127.0.0.1:8000'}",
+        public_url=public_url,
         webhook_schedule=_floats(env, "DIFFQ_WEBHOOK_SCHEDULE", WEBHOOK_SCHEDULE),
         webhook_timeout=_float(env, "DIFFQ_WEBHOOK_TIMEOUT", 10.0),
         webhook_allow_cidrs=env.get("DIFFQ_WEBHOOK_ALLOW_CIDRS") or None,
@@ -237,4 +322,14 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         ws_ticket_ttl=_int(env, "DIFFQ_WS_TICKET_TTL", 60),
         job_retention=_float(env, "DIFFQ_JOB_RETENTION", 90 * 86400.0),
         queue_type=_choice(env, "DIFFQ_QUEUE_TYPE", ("classic", "quorum")),
+        batch_max_bytes=_int(env, "DIFFQ_BATCH_MAX_BYTES", 64 * 1024 * 1024),
+        batch_max_lines=_int(env, "DIFFQ_BATCH_MAX_LINES", 50_000),
+        auth_failures=_int(env, "DIFFQ_AUTH_FAILURES", 30),
+        max_streams=_int(env, "DIFFQ_MAX_STREAMS", 192),
+        max_tenant_streams=_int(env, "DIFFQ_MAX_TENANT_STREAMS", 16),
+        api_metrics_port=_int(env, "DIFFQ_API_METRICS_PORT", 9806),
+        api_metrics_host=env.get("DIFFQ_API_METRICS_HOST") or "127.0.0.1",
+        metrics_cache_ttl=_float(env, "DIFFQ_METRICS_CACHE_TTL", 5.0),
+        trusted_proxies=_networks(env, "DIFFQ_TRUSTED_PROXIES"),
+        public_origins=_origins(env, public_url),
     )

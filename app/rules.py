@@ -5,10 +5,13 @@ worker all read: a value the API accepts is one the worker can run.
   multiple, steps, guidance, images, prompt length, the pixel budget); the checks that
   apply them to a request are `model_limit_errors` here, used by the submit schema, the
   estimate endpoint and the OpenAI endpoint.
-- `normalize` fills in every default, including the seed (random below `MAX_SEED` + 1
-  when absent): the job row's `input` is exactly what the worker runs.
+- A request's defaults (the seed included) are filled in by its job kind
+  (app/kinds/base.py `JobKind.normalize`): the job row's `input` is exactly what the
+  worker runs.
 - `SCHEDULERS` maps each scheduler name a request may give to the diffusers class the
-  worker builds (workers/generation.py imports it by that name) and its options.
+  worker builds (workers/call.py imports it by that name), its options and the model
+  families it fits (app/families.py): a flow-matching model (SD3, FLUX) offers only
+  flow-matching schedulers, a Stable Diffusion model only the others.
 - `OUTPUT_FORMATS`: the encodings the worker writes (workers/encoding.py).
 
 tests/worker/test_rules.py runs every scheduler and every limit's edge on the tiny model.
@@ -17,9 +20,10 @@ tests/worker/test_rules.py runs every scheduler and every limit's edge on the ti
 from __future__ import annotations
 
 import dataclasses
-import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from app.families import FAMILIES
 
 if TYPE_CHECKING:
     from app.catalog import ModelSpec
@@ -28,15 +32,24 @@ MAX_SEED = 2**32 - 1  # image i of a job uses seed + i
 OUTPUT_FORMATS = ("png", "jpeg", "webp")
 
 
+# Every scheduler here was trained over 1,000 timesteps: a run of 1,000 steps or more
+# indexes past them (DDIM fails at 1,000), so no model may offer that many.
+MAX_STEPS = 999
+
+
 @dataclass(frozen=True)
 class Scheduler:
     class_name: str | None  # in diffusers; None: the pipeline's own scheduler
     options: dict[str, Any] = dataclasses.field(default_factory=dict)  # from_config keywords
     note: str = ""
+    max_steps: int = MAX_STEPS  # the most steps it can run
+    families: tuple[str, ...] = ("sd",)  # the model families it fits (app/families.py)
 
+
+FLOW = ("sd3", "flux")  # the flow-matching families
 
 SCHEDULERS: dict[str, Scheduler] = {
-    "default": Scheduler(None, note="the model's own"),
+    "default": Scheduler(None, note="the model's own", families=tuple(FAMILIES)),
     "ddim": Scheduler("DDIMScheduler"),
     "euler": Scheduler("EulerDiscreteScheduler"),
     "euler_a": Scheduler("EulerAncestralDiscreteScheduler"),
@@ -45,9 +58,24 @@ SCHEDULERS: dict[str, Scheduler] = {
     # 4); Stable Diffusion's own PNDM configuration skips it.
     "pndm": Scheduler("PNDMScheduler", {"skip_prk_steps": True}),
     "lms": Scheduler("LMSDiscreteScheduler", note="needs scipy (the worker extra)"),
-    "lcm": Scheduler("LCMScheduler", note="few-step models (LCM, LCM-LoRA): 2 to 8 steps"),
+    # LCM samples its steps from `original_inference_steps` (50): more is a ValueError.
+    "lcm": Scheduler(
+        "LCMScheduler", note="few-step models (LCM, LCM-LoRA): 2 to 8 steps", max_steps=50
+    ),
+    "flow_euler": Scheduler(
+        "FlowMatchEulerDiscreteScheduler", note="flow matching (SD3, FLUX)", families=FLOW
+    ),
+    # Heun's set_timesteps takes no sigmas: FLUX's resolution-dependent shift passes them.
+    "flow_heun": Scheduler(
+        "FlowMatchHeunDiscreteScheduler", note="flow matching, SD3 only", families=("sd3",)
+    ),
 }
 SCHEDULER_NAMES = tuple(SCHEDULERS)
+
+
+def schedulers_for(family: str) -> tuple[str, ...]:
+    """The schedulers that fit a model family, in the table's order."""
+    return tuple(name for name, s in SCHEDULERS.items() if family in s.families)
 
 
 def model_limit_errors(spec: ModelSpec, data: dict[str, Any]) -> dict[str, list[str]]:
@@ -110,24 +138,13 @@ def model_limit_errors(spec: ModelSpec, data: dict[str, Any]) -> dict[str, list[
             add(name, message)
     scheduler = data.get("scheduler")
     if scheduler is not None and scheduler not in spec.schedulers:
-        add("scheduler", f"Must be one of: {', '.join(spec.schedulers)}.")
+        add(
+            "scheduler",
+            f"Must be one of: {', '.join(spec.schedulers)} (model '{spec.name}' is of "
+            f"family '{spec.family}').",
+        )
+    chosen = SCHEDULERS.get(scheduler or "default")
+    steps = data.get("steps", spec.default_steps)
+    if chosen is not None and "steps" not in errors and steps > chosen.max_steps:
+        add("steps", f"At most {chosen.max_steps} with scheduler '{scheduler}'.")
     return errors
-
-
-def normalize(spec: ModelSpec, data: dict[str, Any]) -> dict[str, Any]:
-    """The request with every default filled in, including the seed that will be used."""
-    seed = data.get("seed")
-    return {
-        "prompt": data["prompt"],
-        "negative_prompt": data.get("negative_prompt"),
-        "model": spec.name,
-        "width": data.get("width", spec.default_width),
-        "height": data.get("height", spec.default_height),
-        "steps": data.get("steps", spec.default_steps),
-        "guidance_scale": float(data.get("guidance_scale", spec.default_guidance)),
-        "seed": seed if seed is not None else secrets.randbelow(MAX_SEED + 1),
-        "num_images": data.get("num_images", 1),
-        "scheduler": data.get("scheduler", "default"),
-        "output_format": data["output_format"],
-        "priority": data["priority"],
-    }

@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import threading
 from functools import cached_property
+from typing import TypeVar
 
+from app.broker.backend import Broker, broker_for
 from app.broker.publish import Publisher
 from app.catalog import Catalog, load_catalog
 from app.config import Settings, load_settings
 from app.db.session import Database
 from app.storage import Storage, open_storage
 from app.webhooks import events as _webhook_events  # noqa: F401 - subscribes to job changes
+
+S = TypeVar("S", bound="Services")
 
 
 class resource(cached_property):
@@ -38,22 +42,28 @@ class resource(cached_property):
 
 
 class Services:
+    """The base root. A process's own root type adds what only it holds: the API's
+    (app/web/services.py), a GPU worker's (workers/runtime.py), a webhook worker's
+    (app/webhooks/worker.py), the relay's (app/housekeeping/relay.py)."""
+
     def __init__(
         self,
         settings: Settings,
         *,
-        celery=None,
         db_pool_size: int | None = None,
         publish_pause: float = 0.0,
-        catalog: Catalog | None = None,
+        **opened,
     ) -> None:
+        """`opened`: resources already built (`catalog`, `celery`, `db`, `storage`, ...)
+        that this root uses instead of opening its own (None: open on first use)."""
         self.settings = settings
-        if celery is not None:
-            self.__dict__["celery"] = celery
         self._db_pool_size = db_pool_size
         self._publish_pause = publish_pause
-        if catalog is not None:
-            self.__dict__["catalog"] = catalog
+        for name, value in opened.items():
+            if not isinstance(getattr(type(self), name, None), resource):
+                raise TypeError(f"{type(self).__name__} has no resource {name!r}")
+            if value is not None:
+                self.__dict__[name] = value
 
     @resource
     def catalog(self) -> Catalog:
@@ -70,6 +80,11 @@ class Services:
         return open_storage(self.settings)
 
     @resource
+    def broker(self) -> Broker:
+        """The broker backend the broker URL's scheme names (app/broker/backend.py)."""
+        return broker_for(self.settings)
+
+    @resource
     def celery(self):
         """The Celery app passed in (tasks/ gives a worker's), or a publishing one."""
         from app.broker.celery import create_celery
@@ -80,22 +95,22 @@ class Services:
     def publisher(self) -> Publisher:
         return Publisher(
             self.catalog,
-            embedded=self.settings.embedded,
-            timeout=self.settings.publish_timeout,
+            broker=self.broker,
             celery_app=self.celery,
+            timeout=self.settings.publish_timeout,
             pause_after_failure=self._publish_pause,
-            queue_type=self.settings.queue_type,
         )
 
     def opened(self, name: str) -> bool:
         """Whether a resource (`db`, `storage`, ...) has been built yet."""
         return name in self.__dict__
 
-    def derive(self, **options) -> Services:
-        """A root for a forked child: the same settings and catalog, its own connections."""
+    def derive(self, cls: type[S] | None = None, **options) -> S:
+        """A root for a forked child (of type `cls`, this one's by default): the same
+        settings, catalog and Celery app, its own connections."""
         if self.opened("celery"):
             options.setdefault("celery", self.celery)
-        return Services(self.settings, catalog=self.catalog, **options)
+        return (cls or type(self))(self.settings, catalog=self.catalog, **options)
 
     def close(self) -> None:
         if self.opened("db"):

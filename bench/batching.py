@@ -6,8 +6,8 @@
 First, one pipeline call per batch size back to back (the ceiling batching can reach).
 Then jobs arrive open-loop at a fixed rate (`--load` times the images/s that batch 1 sustains,
 measured first in the same run), each with its own prompt and seed. One server runs them
-as the worker does (workers/batching.py): it takes the oldest waiting job, waits up to
-`--wait-ms` for compatible ones (up to max_batch), runs them as one pipeline call and
+as the worker does (workers/gather.py, workers/call.py): it takes the oldest waiting job,
+waits up to `--wait-ms` for compatible ones (up to max_batch), runs them as one call and
 records each job's latency from its arrival to its images. Every batch size gets the
 same arrival times. Pipeline time only: encode, upload and record are off the GPU's path
 (docs/gpu.md) and do not change with batching.
@@ -40,22 +40,25 @@ def _pipeline(model: str, device: str):
         if device == "cuda":
             pipeline = pipeline.to(torch.float16)
     pipeline.set_progress_bar_config(disable=True)
-    return pipeline.to(device)
+    from pathlib import Path
+
+    from app.catalog import tiny_spec
+    from workers.pipelines import LoadedModel
+
+    return LoadedModel(tiny_spec(Path("/bench"), name="bench"), pipeline.to(device), device, 0.0)
 
 
-def _params(index: int, size: int, steps: int) -> dict:
-    return {
-        "model": "bench",
-        "prompt": f"a red cube number {index}",
-        "negative_prompt": None,
-        "width": size,
-        "height": size,
-        "steps": steps,
-        "guidance_scale": 7.5,
-        "num_images": 1,
-        "seed": index,
-        "scheduler": "default",
-    }
+def _params(index: int, size: int, steps: int):
+    from testbed.factories import job_request
+
+    return job_request(
+        model="bench",
+        prompt=f"a red cube number {index}",
+        width=size,
+        height=size,
+        steps=steps,
+        seed=index,
+    )
 
 
 def _sync(device: str) -> None:
@@ -67,7 +70,7 @@ def _sync(device: str) -> None:
 
 def serve(pipeline, device, arrivals, jobs, max_batch, wait_s) -> dict:
     """Run `jobs` arriving at `arrivals` (seconds from now); per-job latency, batch sizes."""
-    from workers.batching import generate_batch
+    from workers.call import generate
 
     start = time.perf_counter()
     latencies: list[float] = []
@@ -92,12 +95,7 @@ def serve(pipeline, device, arrivals, jobs, max_batch, wait_s) -> dict:
             time.sleep(max(0.0, min(fill_until, upcoming) - now))
         taken = list(range(next_job, next_job + max(1, ready)))
         waited.append(time.perf_counter() - start - picked)
-        generate_batch(
-            pipeline,
-            [jobs[i] for i in taken],
-            device=device,
-            on_step=[lambda s, t: True] * len(taken),
-        )
+        generate(pipeline, [jobs[i] for i in taken], on_step=[lambda s, t: True] * len(taken))
         _sync(device)
         done = time.perf_counter() - start
         latencies += [done - arrivals[i] for i in taken]
@@ -137,7 +135,7 @@ def main() -> None:
     size = args.size or (default_size if device == "cuda" or args.model == "tiny" else 64)
     pipeline = _pipeline(args.model, device)
     jobs = [_params(i, size, args.steps) for i in range(args.jobs)]
-    from workers.batching import generate_batch
+    from workers.call import generate
 
     name = torch.cuda.get_device_name() if device == "cuda" else f"cpu ({args.threads} thread)"
     # Back to back, no arrivals: what one call of each batch size costs (after a warm-up
@@ -145,12 +143,12 @@ def main() -> None:
     calls = []
     for b in args.batches:
         steps = [lambda s, t: True] * b
-        generate_batch(pipeline, jobs[:b], device=device, on_step=steps)
+        generate(pipeline, jobs[:b], on_step=steps)
         _sync(device)
         seconds = []
         for _ in range(args.rounds):
             started = time.perf_counter()
-            generate_batch(pipeline, jobs[:b], device=device, on_step=steps)
+            generate(pipeline, jobs[:b], on_step=steps)
             _sync(device)
             seconds.append(time.perf_counter() - started)
         best = min(seconds)

@@ -1,6 +1,7 @@
 """GPU duty: how much of the wall time the "GPU" spends generating, diffq vs a naive worker.
 
     .venv/bin/python -m bench.duty [--jobs 100] [--seconds 0.5 2] [--size 1024]
+        [--modes diffq naive] [--embedded]
 
 A synthetic model whose denoise takes a fixed time (workers/synthetic.py) returns a real
 photo-like image of --size²; each job goes through diffq's own worker path in this process
@@ -8,7 +9,10 @@ photo-like image of --size²; each job goes through diffq's own worker path in t
 upload to S3 (SeaweedFS), outcome recorded), back to back as a pool process runs them.
 "diffq" hands encode + upload + record to the post-processing thread (DIFFQ_POSTPROCESS_DEPTH,
 default 2); "naive inline" does them before the next job starts, like a plain worker.
-Duty = busy seconds / wall seconds from the first claim to the last outcome recorded.
+Duty = busy seconds / wall seconds from the first claim to the last outcome recorded;
+idle/job = (wall - busy) / jobs: what the worker adds between two jobs' denoising.
+`--embedded` runs the same path on the embedded stores (SQLite, local files: no server,
+as on a GPU machine with nothing else, scripts/gpu-check).
 """
 
 from __future__ import annotations
@@ -22,7 +26,26 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.report import print_table
-from testbed.stack import start_stack
+
+
+class EmbeddedStack:
+    """The embedded mode's stores under a folder: SQLite and local files, no server."""
+
+    def __init__(self, root: Path) -> None:
+        from app.config import load_settings
+        from app.db.migrate import upgrade
+
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("DIFFQ_")},
+            "DIFFQ_HOME": str(root / "home"),
+            "DIFFQ_PROGRESS_INTERVAL": "0.25",
+            "DIFFQ_WORKER_METRICS_PORT": "0",
+        }
+        (root / "home").mkdir(parents=True, exist_ok=True)
+        upgrade(load_settings(self.env).database_url)
+
+    def close(self) -> None:
+        pass
 
 
 def _runtime(stack, seconds: float, depth: int, size: int):
@@ -66,6 +89,7 @@ def _payloads(rt, jobs: int, size: int) -> list[dict]:
     from app.jobs.service import create_job
     from app.jobs.states import Priority
     from app.keys import get_or_create_tenant
+    from app.kinds import request_from_stored
 
     payloads = []
     with rt.db.session() as session:
@@ -91,7 +115,7 @@ def _payloads(rt, jobs: int, size: int) -> list[dict]:
                 model="synthetic",
                 queue="gpu.synthetic",
                 priority=Priority.NORMAL,
-                params=params,
+                request=request_from_stored(params),
                 metadata=None,
             )
             payloads.append(build_payload(job))
@@ -150,14 +174,26 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--seconds", type=float, nargs="+", default=[0.5, 2.0])
     parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument(
+        "--modes", nargs="+", choices=["diffq", "naive"], default=["diffq", "naive"]
+    )
+    parser.add_argument(
+        "--embedded", action="store_true", help="SQLite and local files instead of the services"
+    )
     args = parser.parse_args()
     rows = []
+    depths = [{"diffq": 2, "naive": 0}[mode] for mode in args.modes]
     with tempfile.TemporaryDirectory() as tmp:
-        stack = start_stack(Path(tmp), {"DIFFQ_PROGRESS_INTERVAL": "0.25"})
+        if args.embedded:
+            stack = EmbeddedStack(Path(tmp))
+        else:
+            from testbed.stack import start_stack
+
+            stack = start_stack(Path(tmp), {"DIFFQ_PROGRESS_INTERVAL": "0.25"})
         os.environ.update(stack.env)
         try:
             for seconds in args.seconds:
-                for depth in (2, 0):
+                for depth in depths:
                     rows.append(run_mode(stack, seconds, depth, args.jobs, args.size))
                     print(rows[-1], flush=True)
         finally:

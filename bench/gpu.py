@@ -193,8 +193,9 @@ def _through_diffq(home: Path, name: str, size: int, steps: int, images: int, co
     from app.jobs.service import create_job
     from app.jobs.states import Priority
     from app.keys import get_or_create_tenant
+    from app.kinds import request_from_stored
     from app.services import Services
-    from workers import execute
+    from workers import call, execute
     from workers.runtime import build_runtime
 
     settings = load_settings()
@@ -206,7 +207,7 @@ def _through_diffq(home: Path, name: str, size: int, steps: int, images: int, co
 
         model.pipeline.unet = torch.compile(model.pipeline.unet)
     busy = [0.0]
-    generate = execute.generate
+    generate = call.generate
 
     def timed(*args, **kwargs):
         started = time.perf_counter()
@@ -215,7 +216,7 @@ def _through_diffq(home: Path, name: str, size: int, steps: int, images: int, co
         finally:
             busy[0] += time.perf_counter() - started
 
-    execute.generate = timed
+    call.generate = timed
     try:
         with rt.db.session() as session:
             tenant = get_or_create_tenant(session, f"bench-{uuid.uuid4().hex[:6]}")
@@ -241,7 +242,7 @@ def _through_diffq(home: Path, name: str, size: int, steps: int, images: int, co
                     model=name,
                     queue=f"gpu.{name}",
                     priority=Priority.NORMAL,
-                    params=params,
+                    request=request_from_stored(params),
                     metadata=None,
                 )
                 payloads.append(build_payload(job))
@@ -259,7 +260,7 @@ def _through_diffq(home: Path, name: str, size: int, steps: int, images: int, co
             rt.postprocessor.drain()
         wall = time.perf_counter() - started
     finally:
-        execute.generate = generate
+        call.generate = generate
         rt.db.dispose()
     return per_job, wall, busy[0]
 

@@ -27,15 +27,16 @@ POLL_SECONDS = 0.1
 
 def _bare_pipeline_ms(model_dir: Path, params: dict, runs: int) -> list[float]:
     from app.catalog import tiny_spec
-    from workers.generation import generate_images
+    from testbed.factories import generate_one, job_request
     from workers.pipelines import load_model, warm_up
 
     model = load_model(tiny_spec(model_dir), "cpu")
     warm_up(model)
+    request = job_request(model.spec, **params)
     samples = []
     for _ in range(runs):
         started = time.perf_counter()
-        generate_images(model.pipeline, params, device="cpu", on_step=lambda *_: True)
+        generate_one(model, request)
         samples.append((time.perf_counter() - started) * 1000)
     return samples
 

@@ -32,7 +32,7 @@ def main() -> None:
     from app.jobs import service, transitions
     from app.jobs.states import Priority
     from app.keys import get_or_create_tenant
-    from workers.generation import generate_images
+    from testbed.factories import generate_one, job_request
     from workers.pipelines import load_model, warm_up
     from workers.progress import ProgressReporter
     from workers.tiny import build_tiny_model
@@ -50,7 +50,7 @@ def main() -> None:
                 model="tiny",
                 queue="gpu.tiny",
                 priority=Priority.NORMAL,
-                params={"steps": args.steps},
+                request=job_request(model="tiny", steps=args.steps),
                 metadata=None,
             )
         with db.session() as session:
@@ -72,16 +72,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             model = load_model(tiny_spec(build_tiny_model(Path(tmp) / "tiny")), "cpu")
         warm_up(model)
-        params = {
-            "prompt": "a red fox",
-            "width": 64,
-            "height": 64,
-            "steps": args.steps,
-            "guidance_scale": 7.5,
-            "seed": 1,
-            "num_images": 1,
-            "scheduler": "default",
-        }
+        request = job_request(
+            model.spec, prompt="a red fox", width=64, height=64, steps=args.steps, seed=1
+        )
         variants = {
             "no progress (baseline)": lambda: (lambda step, total: True, None),
             "progress every 0.25 s (default)": lambda: _reporter(ProgressReporter, write, 0.25),
@@ -93,7 +86,7 @@ def main() -> None:
             for name, make in variants.items():
                 on_step, reporter = make()
                 started = time.perf_counter()
-                generate_images(model.pipeline, params, device="cpu", on_step=on_step)
+                generate_one(model, request, on_step=on_step)
                 if reporter is not None:
                     reporter.stage("uploading", args.steps, args.steps)  # as the worker does
                 samples[name].append((time.perf_counter() - started) * 1000)

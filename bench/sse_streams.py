@@ -73,6 +73,7 @@ def _running_jobs(database_url: str, count: int) -> tuple[str, list]:
     from app.jobs import service, transitions
     from app.jobs.states import Priority
     from app.keys import create_key, get_or_create_tenant
+    from testbed.factories import job_request
 
     db = Database(database_url, pool_size=2)
     ids = []
@@ -86,7 +87,7 @@ def _running_jobs(database_url: str, count: int) -> tuple[str, list]:
                 model="tiny",
                 queue="gpu.tiny",
                 priority=Priority.NORMAL,
-                params={"steps": 1000},
+                request=job_request(model="tiny", steps=1000),
                 metadata=None,
             )
             ids.append(job.id)
@@ -179,7 +180,9 @@ def main() -> None:
     counts = [int(n) for n in args.streams.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        stack = start_stack(Path(tmp), {"DIFFQ_SSE_KEEPALIVE": "15"})  # the default
+        # The default keepalive; one tenant's streams, the stream caps lifted.
+        caps_off = {"DIFFQ_MAX_TENANT_STREAMS": "0", "DIFFQ_MAX_STREAMS": "0"}
+        stack = start_stack(Path(tmp), {"DIFFQ_SSE_KEEPALIVE": "15", **caps_off})
         api = ApiServer(stack.env, stack.logs, name="bench-api")
         api.args[api.args.index("--threads") + 1] = str(args.threads)
         try:

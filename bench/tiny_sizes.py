@@ -34,7 +34,7 @@ def main() -> None:
     import torch
 
     from app.catalog import tiny_spec
-    from workers.generation import generate_images
+    from testbed.factories import generate_one, job_request
     from workers.pipelines import load_model, warm_up
     from workers.tiny import build_tiny_model
 
@@ -49,18 +49,19 @@ def main() -> None:
         rows = []
         for size in (int(s) for s in args.sizes.split(",")):
             for steps in args.steps:
-                params = {
-                    "prompt": "a benchmark",
-                    "width": size,
-                    "height": size,
-                    "steps": steps,
-                    "guidance_scale": spec.default_guidance,
-                    "seed": 1,
-                }
+                request = job_request(
+                    spec,
+                    prompt="a benchmark",
+                    width=size,
+                    height=size,
+                    steps=steps,
+                    guidance_scale=spec.default_guidance,
+                    seed=1,
+                )
                 runs, cpu = [], []
                 for _ in range(args.rounds):
                     started, cpu_started = time.perf_counter(), time.process_time()
-                    generate_images(model.pipeline, params, device="cpu", on_step=lambda *_: True)
+                    generate_one(model, request)
                     runs.append(time.perf_counter() - started)
                     cpu.append(time.process_time() - cpu_started)
                 rows.append(

@@ -14,7 +14,7 @@ import sys
 import click
 
 from app import logs, services
-from cli import admin, client, operators, serve, up
+from cli import admin, batch, client, operators, serve, up
 
 
 @click.group("diffq", context_settings={"help_option_names": ["-h", "--help"]})
@@ -33,6 +33,7 @@ for command in (
     *operators.COMMANDS,
     client.generate,
     client.jobs,
+    batch.batch,
 ):
     diffq.add_command(command)
 
@@ -56,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, FileExistsError, client.ApiError) as exc:
         print(f"diffq: {exc}", file=sys.stderr)
         return 2
+    except client.Unreachable as exc:
+        print(f"diffq: {exc}", file=sys.stderr)
+        return 3
     finally:
         services.reset()  # the command's root: its settings and connections end with it
     return result if isinstance(result, int) else 0

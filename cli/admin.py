@@ -197,11 +197,23 @@ def model() -> None:
 @model.command("build-tiny")
 @click.argument("dir")
 @click.option("--seed", type=int, default=0, show_default=True, help="weights seed")
-def model_build_tiny(dir, seed) -> int:
-    """Save a tiny random-weight Stable Diffusion pipeline to DIR."""
+@click.option(
+    "--inpainting",
+    is_flag=True,
+    help='a dedicated inpainting model (a 9-channel UNet): list it with kinds = ["inpaint"]',
+)
+@click.option(
+    "--family",
+    type=click.Choice(["sd", "sd3", "flux"]),
+    default="sd",
+    show_default=True,
+    help='the architecture: list an sd3 or flux model with family = "sd3" / "flux"',
+)
+def model_build_tiny(dir, seed, inpainting, family) -> int:
+    """Save a tiny random-weight Stable Diffusion (or SD3, FLUX) pipeline to DIR."""
     from workers.tiny import build_tiny_model
 
-    path = build_tiny_model(dir, seed=seed)
+    path = build_tiny_model(dir, seed=seed, inpainting=inpainting, family=family)
     print(f"tiny model saved to {path}")
     return 0
 

@@ -8,87 +8,16 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import click
-import requests
+
+from cli.api import ApiError, Client, Unreachable
+
+__all__ = ["ApiError", "Client", "Unreachable"]
 
 TERMINAL = ("succeeded", "failed", "canceled")
 BAR_WIDTH = 30
-
-
-class ApiError(Exception):
-    def __init__(self, response: requests.Response) -> None:
-        try:
-            body = response.json()
-            detail = body.get("message") or json.dumps(body.get("errors", body))
-        except ValueError:
-            detail = response.text[:200]
-        super().__init__(f"HTTP {response.status_code}: {detail}")
-
-
-class Client:
-    def __init__(self, url: str, key: str, timeout: float = 30.0) -> None:
-        self.url = url.rstrip("/")
-        self.session = requests.Session()
-        self.session.headers["Authorization"] = f"Bearer {key}"
-        self.timeout = timeout
-
-    def _call(self, method: str, path: str, **kwargs) -> requests.Response:
-        response = self.session.request(method, f"{self.url}{path}", timeout=self.timeout, **kwargs)
-        if response.status_code >= 400:
-            raise ApiError(response)
-        return response
-
-    def submit(self, body: dict, idempotency_key: str | None = None) -> dict:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._call("POST", "/v1/jobs", json=body, headers=headers).json()
-
-    def get(self, job_id: str) -> dict:
-        return self._call("GET", f"/v1/jobs/{job_id}").json()
-
-    def list(self, status: str | None, limit: int) -> dict:
-        params = {"limit": limit, **({"status": status} if status else {})}
-        return self._call("GET", "/v1/jobs", params=params).json()
-
-    def cancel(self, job_id: str) -> dict:
-        return self._call("POST", f"/v1/jobs/{job_id}/cancel").json()
-
-    def events(self, job_id: str) -> Iterator[tuple[str, dict]]:
-        """(event name, data) from the job's event stream, resuming if the connection drops."""
-        last_id = None
-        while True:
-            headers = {"Accept": "text/event-stream"}
-            if last_id is not None:
-                headers["Last-Event-ID"] = last_id
-            try:
-                with self.session.get(
-                    f"{self.url}/v1/jobs/{job_id}/events",
-                    headers=headers,
-                    stream=True,
-                    timeout=(self.timeout, 120),
-                ) as response:
-                    if response.status_code == 204:
-                        return
-                    if response.status_code >= 400:
-                        raise ApiError(response)
-                    name, data = "message", []
-                    for line in response.iter_lines(decode_unicode=True):
-                        if line == "":
-                            if data:
-                                yield name, json.loads("\n".join(data))
-                            name, data = "message", []
-                        elif line.startswith("id:"):
-                            last_id = line[3:].strip()
-                        elif line.startswith("event:"):
-                            name = line[6:].strip()
-                        elif line.startswith("data:"):
-                            data.append(line[5:].strip())
-                    return  # the server closed the stream after the terminal event
-            except (requests.ConnectionError, requests.Timeout):
-                time.sleep(1)  # reconnect with Last-Event-ID
 
 
 def progress_line(job_status: str, progress: dict) -> str:
@@ -104,21 +33,61 @@ def progress_line(job_status: str, progress: dict) -> str:
     return f"[{bar}] {stage} {step}/{total}"
 
 
+class ProgressDisplay:
+    """Progress on stderr: a bar redrawn in place on a terminal; elsewhere (a log, a
+    pipe) one plain line each time the stage changes, without escape codes."""
+
+    def __init__(self, stream=None, tty: bool | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.drawn = False
+        self.last: tuple | None = None
+
+    def update(self, status: str, progress: dict) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K" + progress_line(status, progress))
+            self.drawn = True
+        else:
+            stage = progress.get("stage", status)
+            key = (status, stage)
+            if key == self.last:
+                return
+            self.last = key
+            self.stream.write(plain_line(status, progress) + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def plain_line(job_status: str, progress: dict) -> str:
+    stage = progress.get("stage", job_status)
+    if job_status == "queued" or stage == "queued":
+        return progress_line(job_status, progress)
+    if stage == "denoising":
+        return f"{job_status}: denoising, {progress.get('total_steps', 0)} steps"
+    return f"{job_status}: {stage}"
+
+
 def watch(client: Client, job_id: str, *, show: bool) -> dict:
-    """Follow the job to a terminal state, drawing progress on stderr when `show`."""
+    """Follow the job to a terminal state, showing progress on stderr when `show`."""
     status = "queued"
     job: dict | None = None
-    for name, data in client.events(job_id):
-        if name == "status":
-            job, status = data, data["status"]
-            progress = data.get("progress") or {}
-        else:
-            progress = data
-        if show:
-            sys.stderr.write("\r\033[K" + progress_line(status, progress))
-            sys.stderr.flush()
-    if show:
-        sys.stderr.write("\n")
+    display = ProgressDisplay() if show else None
+    try:
+        for name, data in client.events(job_id):
+            if name == "status":
+                job, status = data, data["status"]
+                progress = data.get("progress") or {}
+            else:
+                progress = data
+            if display is not None and status not in TERMINAL:
+                display.update(status, progress)
+    finally:
+        if display is not None:
+            display.close()
     if job is None or job["status"] not in TERMINAL:
         job = client.get(job_id)
     return job
@@ -148,6 +117,46 @@ def _body(prompt: str, options: dict) -> dict:
     return body
 
 
+def _loras(values) -> list[dict]:
+    """`--lora ID[:SCALE]`: an adapter's id (POST /v1/adapters) or a shared adapter's
+    name, with its scale (default 1)."""
+    import uuid
+
+    loras = []
+    for value in values or ():
+        ref, _, scale = value.rpartition(":") if ":" in value else (value, "", "")
+        try:
+            lora: dict = {"id": str(uuid.UUID(ref))}
+        except ValueError:
+            lora = {"name": ref}
+        if scale:
+            try:
+                lora["scale"] = float(scale)
+            except ValueError:
+                raise ValueError(f"--lora {value}: the scale after ':' must be a number") from None
+        loras.append(lora)
+    return loras
+
+
+def _with_inputs(client: Client, body: dict, options: dict) -> dict:
+    """An image (and a mask) uploaded, the job made image to image (or inpainting); the
+    adapters of `--lora`."""
+    if options.get("lora"):
+        body["loras"] = _loras(options["lora"])
+    image, mask = options.get("image"), options.get("mask")
+    if image is None:
+        if mask is not None or options.get("strength") is not None:
+            raise ValueError("--mask and --strength go with --image")
+        return body
+    body["kind"] = "inpaint" if mask is not None else "img2img"
+    body["image"] = client.upload(image)["id"]
+    if mask is not None:
+        body["mask"] = client.upload(mask)["id"]
+    if options.get("strength") is not None:
+        body["strength"] = options["strength"]
+    return body
+
+
 def _client(url: str | None, key: str | None) -> Client:
     url = url or os.environ.get("DIFFQ_URL") or "http://127.0.0.1:8000"
     key = key or os.environ.get("DIFFQ_API_KEY")
@@ -156,7 +165,9 @@ def _client(url: str | None, key: str | None) -> Client:
     return Client(url, key)
 
 
-def _print(job: dict, as_json: bool) -> None:
+def _print(job: dict, as_json: bool, *, detail: bool = False) -> None:
+    """One line per job; with `detail` (a single job), what a reader needs next too: its
+    image URLs once succeeded, its progress while running, its place while queued."""
     if as_json:
         print(json.dumps(job, indent=2))
         return
@@ -166,17 +177,45 @@ def _print(job: dict, as_json: bool) -> None:
     if job.get("error"):
         line += f"  {job['error']['code']}: {job['error']['message']}"
     print(line)
+    if not detail:
+        return
+    if job["status"] == "queued" and job.get("queue_position") is not None:
+        print("  " + progress_line("queued", job))
+    elif job["status"] == "running":
+        print("  " + progress_line("running", job.get("progress") or {}))
+    images = (job.get("result") or {}).get("images") or []
+    for index, image in enumerate(images):
+        size = f"{image['width']}x{image['height']}"
+        print(f"  image {index}: {size} seed {image['seed']}  {image['url']}")
+    if job.get("data_removed"):
+        print("  images removed after the retention period")
 
 
-def _save_images(client: Client, job: dict, output: str) -> list[Path]:
+def _target(output: str | None, index: int, count: int, job: dict) -> Path:
+    """Where image `index` of `count` goes: `-o FILE` (FILE-N.ext for several), else
+    `diffq-<job id>.<format>` in the current folder."""
+    if output is None:
+        extension = {"jpeg": ".jpg"}.get(
+            job["input"]["output_format"], "." + job["input"]["output_format"]
+        )
+        out = Path(f"diffq-{job['id']}{extension}")
+    else:
+        out = Path(output)
+    return out if count == 1 else out.with_name(f"{out.stem}-{index}{out.suffix}")
+
+
+def _planned(output: str, count: int) -> list[Path]:
+    return [_target(output, i, count, {}) for i in range(count)]
+
+
+def _save_images(client: Client, job: dict, output: str | None, overwrite: bool) -> list[Path]:
     images = job["result"]["images"]
-    out = Path(output)
     saved = []
     for index, image in enumerate(images):
-        path = out if len(images) == 1 else out.with_name(f"{out.stem}-{index}{out.suffix}")
-        response = requests.get(image["url"], timeout=client.timeout)
-        response.raise_for_status()
-        path.write_bytes(response.content)
+        path = _target(output, index, len(images), job)
+        content = client.download(image["url"])
+        with path.open("wb" if overwrite else "xb") as fh:  # never over a file by surprise
+            fh.write(content)
         saved.append(path)
     return saved
 
@@ -196,18 +235,62 @@ _connection = _options(
 )
 _request = _options(
     click.argument("prompt"),
-    click.option("--negative-prompt", "negative_prompt"),
-    click.option("--model"),
-    click.option("--width", type=int),
-    click.option("--height", type=int),
-    click.option("--steps", type=int),
-    click.option("--guidance-scale", "guidance_scale", type=float),
-    click.option("--seed", type=int),
-    click.option("--num-images", "num_images", type=int),
-    click.option("--scheduler"),
-    click.option("--format", "output_format", type=click.Choice(["png", "jpeg", "webp"])),
-    click.option("--priority", type=click.Choice(["low", "normal", "high"])),
-    click.option("--cancel-after", "cancel_after", type=int, help="seconds"),
+    click.option("--negative-prompt", "negative_prompt", help="what to steer away from"),
+    click.option("--model", help="a model of GET /v1/models (default: the default model)"),
+    click.option("--width", type=int, help="pixels, a multiple of 8 (default: the model's)"),
+    click.option("--height", type=int, help="pixels, a multiple of 8 (default: the model's)"),
+    click.option("--steps", type=int, help="denoising steps (default: the model's)"),
+    click.option(
+        "--guidance-scale",
+        "guidance_scale",
+        type=float,
+        help="classifier-free guidance (default: the model's, 7.5)",
+    ),
+    click.option("--seed", type=int, help="0..4294967295 (default: random); image N uses seed+N"),
+    click.option("--num-images", "num_images", type=int, help="images in the job (default 1)"),
+    click.option(
+        "--scheduler",
+        help="default, ddim, euler, euler_a, dpm++, pndm, lms or lcm, as the model offers",
+    ),
+    click.option(
+        "--format",
+        "output_format",
+        type=click.Choice(["png", "jpeg", "webp"]),
+        help="image format (default png)",
+    ),
+    click.option(
+        "--priority",
+        type=click.Choice(["low", "normal", "high"]),
+        help="queue priority (default normal)",
+    ),
+    click.option(
+        "--cancel-after",
+        "cancel_after",
+        type=int,
+        help="seconds: cancel the job if it has not finished by then",
+    ),
+    click.option(
+        "--image",
+        type=click.Path(exists=True, dir_okay=False),
+        help="an input image (PNG, JPEG, WebP): image to image, or inpainting with --mask",
+    ),
+    click.option(
+        "--mask",
+        type=click.Path(exists=True, dir_okay=False),
+        help="with --image: what to redraw, white on black, the image's size (inpainting)",
+    ),
+    click.option(
+        "--strength",
+        type=click.FloatRange(0.0, 1.0),
+        help="with --image: how much is redrawn, 0..1 (default 0.75; 1.0 with --mask)",
+    ),
+    click.option(
+        "--lora",
+        multiple=True,
+        metavar="ID[:SCALE]",
+        help="a LoRA adapter: its id (POST /v1/adapters) or a shared adapter's name, "
+        "with its scale (default 1); repeat for several",
+    ),
 )
 _json = click.option("--json", "as_json", is_flag=True, help="print JSON")
 
@@ -215,13 +298,32 @@ _json = click.option("--json", "as_json", is_flag=True, help="print JSON")
 @click.command("generate")
 @_request
 @_connection
-@click.option("-o", "--output", default="out.png", help="file (several: out-N.png)")
-@click.option("-q", "--quiet", is_flag=True, help="no progress bar")
-def generate(prompt, url, key, output, quiet, **options) -> int:
-    """Submit a prompt, show live progress, save the images."""
+@click.option(
+    "-o",
+    "--output",
+    help="file to write (several images: FILE-0.png, FILE-1.png …); default "
+    "diffq-<job id>.<format> in the current folder",
+)
+@click.option("--overwrite", is_flag=True, help="replace an existing file (else refused)")
+@click.option(
+    "-q", "--quiet", is_flag=True, help="no progress or status lines: only the saved paths"
+)
+def generate(prompt, url, key, output, overwrite, quiet, **options) -> int:
+    """Submit a prompt, show live progress, save the images (their paths go to stdout).
+
+    Exit status: 0 saved, 1 the job failed or was canceled, 2 the API refused the
+    request, 3 the API could not be reached, 130 interrupted (the job is canceled).
+    """
+    if output is not None and not overwrite:
+        taken = [p for p in _planned(output, options.get("num_images") or 1) if p.exists()]
+        if taken:
+            raise FileExistsError(
+                f"{taken[0]} exists; choose another name with -o, or pass --overwrite"
+            )
     client = _client(url, key)
-    job = client.submit(_body(prompt, options))
-    print(f"job {job['id']} queued", file=sys.stderr)
+    job = client.submit(_with_inputs(client, _body(prompt, options), options))
+    if not quiet:
+        print(f"job {job['id']} queued", file=sys.stderr)
     try:
         job = watch(client, job["id"], show=not quiet)
     except KeyboardInterrupt:
@@ -235,7 +337,13 @@ def generate(prompt, url, key, output, quiet, **options) -> int:
             file=sys.stderr,
         )
         return 1
-    for path in _save_images(client, job, output):
+    if not quiet:
+        took = (job.get("metrics") or {}).get("run_seconds")
+        print(
+            f"job {job['id']} succeeded" + (f" in {took:.1f} s" if took is not None else ""),
+            file=sys.stderr,
+        )
+    for path in _save_images(client, job, output, overwrite):
         print(path)
     return 0
 
@@ -247,17 +355,22 @@ def jobs() -> None:
 
 @jobs.command("submit")
 @_request
-@click.option("--idempotency-key", "idempotency_key")
+@click.option(
+    "--idempotency-key",
+    "idempotency_key",
+    help="any unique string: repeating the command returns the same job",
+)
 @click.option("--wait", is_flag=True, help="follow it to the end")
 @_connection
 @_json
 def jobs_submit(prompt, idempotency_key, wait, url, key, as_json, **options) -> int:
     """Submit a job."""
     client = _client(url, key)
-    job = client.submit(_body(prompt, options), idempotency_key=idempotency_key)
+    body = _with_inputs(client, _body(prompt, options), options)
+    job = client.submit(body, idempotency_key=idempotency_key)
     if wait:
         job = watch(client, job["id"], show=not as_json)
-    _print(job, as_json)
+    _print(job, as_json, detail=wait)
     return 0
 
 
@@ -266,8 +379,8 @@ def jobs_submit(prompt, idempotency_key, wait, url, key, as_json, **options) -> 
 @_connection
 @_json
 def jobs_get(job_id, url, key, as_json) -> int:
-    """Show a job."""
-    _print(_client(url, key).get(job_id), as_json)
+    """Show a job: its state, and its image URLs once it succeeded."""
+    _print(_client(url, key).get(job_id), as_json, detail=True)
     return 0
 
 
@@ -277,7 +390,7 @@ def jobs_get(job_id, url, key, as_json) -> int:
 @_json
 def jobs_watch(job_id, url, key, as_json) -> int:
     """Follow a job."""
-    _print(watch(_client(url, key), job_id, show=not as_json), as_json)
+    _print(watch(_client(url, key), job_id, show=not as_json), as_json, detail=True)
     return 0
 
 
@@ -292,8 +405,10 @@ def jobs_cancel(job_id, url, key, as_json) -> int:
 
 
 @jobs.command("list")
-@click.option("--status", type=click.Choice(["queued", "running", *TERMINAL]))
-@click.option("--limit", type=int, default=20, show_default=True)
+@click.option(
+    "--status", type=click.Choice(["queued", "running", *TERMINAL]), help="only jobs in this state"
+)
+@click.option("--limit", type=int, default=20, show_default=True, help="jobs to show, 1..100")
 @_connection
 @_json
 def jobs_list(status, limit, url, key, as_json) -> int:

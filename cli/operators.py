@@ -34,7 +34,7 @@ class DiffqContext:
 
 
 def _dead_letters(ctx: click.Context, queues: tuple[str, ...]):
-    from app.broker.deadletters import DeadLetters
+    from app.broker.backend import Unsupported
 
     svc = _services()
     catalog, app = svc.catalog, ctx.obj.app
@@ -42,7 +42,10 @@ def _dead_letters(ctx: click.Context, queues: tuple[str, ...]):
     unknown = sorted(set(chosen) - set(catalog.queues))
     if unknown:
         raise click.BadParameter(f"unknown queue(s) {unknown}; known: {catalog.queues}")
-    return DeadLetters(app.connection_for_write, svc.db, chosen)
+    try:
+        return svc.broker.dead_letters(app.connection_for_write, svc.db, chosen)
+    except Unsupported as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def _selection(job_ids: tuple[str, ...], error_code: str | None, everything: bool):
@@ -202,19 +205,28 @@ jobs.add_command(requeue)
 @handle_preload_options
 def queues(ctx, as_json):
     """Depth of every work queue: jobs queued and running (PostgreSQL), ready messages
-    and consumers (RabbitMQ), dead letters, and the oldest queued job's age."""
-    from app.metrics.readings import BrokerReadings, job_gauges
+    and consumers (RabbitMQ; with a broker that keeps no depths, the embedded one, the
+    workers that answer), dead letters, and the oldest queued job's age."""
+    from app.metrics.readings import job_gauges
 
     svc = _services()
     catalog, db = svc.catalog, svc.db
     values: dict[str, dict[str, float]] = {q: {} for q in catalog.queues}
     families = job_gauges(db, catalog.queues)
-    families += BrokerReadings(ctx.obj.app.connection_for_read, catalog.queues).collect()
+    broker = svc.broker.readings(ctx.obj.app.connection_for_read, catalog.queues)
+    if broker is not None:  # a backend without depths leaves its columns unknown ("?")
+        families += broker.collect()
     for family in families:
         for sample in family.samples:
             queue = sample.labels.get("queue")
             if queue in values:
                 values[queue][family.name.removeprefix("diffq_")] = sample.value
+    if broker is None:
+        # A backend without depths (the embedded filesystem broker) keeps no consumer
+        # count: ask the workers which queues they consume, over its broadcast (1 s).
+        consumers = _consumers_by_queue(ctx.obj.app)
+        for queue, row in values.items():
+            row["queue_consumers"] = consumers.get(queue, 0)
     columns = [
         ("queue_depth", "QUEUED"),
         ("jobs_in_flight", "RUNNING"),
@@ -231,6 +243,16 @@ def queues(ctx, as_json):
     for queue, row in values.items():
         cells = "".join(f"{(f'{row[key]:.0f}' if key in row else '?'):>11}" for key, _ in columns)
         click.echo(f"{queue:<20}{cells}")
+
+
+def _consumers_by_queue(app, timeout: float = 1.0) -> dict[str, int]:
+    """Workers consuming each queue, as they answer `inspect active_queues`."""
+    answers = app.control.inspect(timeout=timeout).active_queues() or {}
+    counts: dict[str, int] = {}
+    for queues in answers.values():
+        for queue in queues or ():
+            counts[queue["name"]] = counts.get(queue["name"], 0) + 1
+    return counts
 
 
 # What `diffq` adds (its `jobs` is the API client's, cli/client.py).

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
@@ -24,19 +25,48 @@ JSON_ACCESS_LOG = (
 )
 
 
-def gunicorn_command(bind: str, workers: int, threads: int) -> list[str]:
+def api_environment(bind: str, metrics_port: int | None, threads: int) -> dict[str, str]:
+    """What the gunicorn process tree reads beside the operator's environment: its bind
+    (the default public URL), its metrics port, and a stream cap its threads can hold."""
+    settings = root().settings
+    env = {"DIFFQ_API_BIND": bind}
+    if metrics_port is not None:
+        env["DIFFQ_API_METRICS_PORT"] = str(max(0, metrics_port))
+    if "DIFFQ_MAX_STREAMS" not in os.environ:
+        # Each open stream holds a thread: a quarter of them stay for everything else.
+        env["DIFFQ_MAX_STREAMS"] = str(min(settings.max_streams, threads - threads // 4))
+    return env
+
+
+def gunicorn_command(
+    bind: str, workers: int, threads: int, metrics_port: int | None = None
+) -> list[str]:
+    settings = root().settings
+    metrics = settings.api_metrics_port if metrics_port is None else max(0, metrics_port)
+    trusted = ",".join(
+        str(ipaddress.ip_network(p.strip(), strict=False))
+        for p in settings.trusted_proxies.split(",")
+        if p.strip()
+    )
     return [
         sys.executable,
         "-m",
         "gunicorn",
         "app.web.factory:create_app()",
         f"--bind={bind}",
+        # /metrics on its own port (app/web/edge.py), never on the public one.
+        *([f"--bind={settings.api_metrics_host}:{metrics}"] if metrics else []),
+        # gunicorn believes X-Forwarded-Proto only from these (default: loopback).
+        f"--forwarded-allow-ips={trusted}",
         f"--workers={workers}",
-        "--worker-class=gthread",
+        # gthread, with the errors gunicorn answers by itself (431, 414, 400) in JSON.
+        "--worker-class=app.web.http_worker.ThreadWorker",
         f"--threads={threads}",
         # gthread counts every open connection (event streams included) against this.
         f"--worker-connections={max(1000, 2 * threads)}",
         "--access-logfile=-",
+        # Query strings are logged with tickets and other credentials redacted.
+        "--logger-class=app.web.access_log.RedactingLogger",
         *(
             [f"--access-logformat={JSON_ACCESS_LOG}"]
             if root().settings.log_format == "json"
@@ -68,11 +98,18 @@ _bind = click.option("--bind", help="host:port (default DIFFQ_API_BIND, 127.0.0.
     show_default=True,
     help="threads per process; each open event stream holds one",
 )
-def api(bind: str | None, workers: int, threads: int) -> int:
+@click.option(
+    "--metrics-port",
+    type=int,
+    help="the port of the API's /metrics (default DIFFQ_API_METRICS_PORT, 9806; 0: off); "
+    "never served on the public port",
+)
+def api(bind: str | None, workers: int, threads: int, metrics_port: int | None) -> int:
     """Serve the HTTP API with gunicorn."""
     bind = bind or root().settings.api_bind
     prepare_api_metrics(bind)
-    command = gunicorn_command(bind, workers, threads)
+    os.environ.update(api_environment(bind, metrics_port, threads))
+    command = gunicorn_command(bind, workers, threads, metrics_port)
     os.execv(command[0], command)
     return 1  # not reached
 
@@ -122,14 +159,12 @@ def worker(gpus: str, models: str | None, queues: str | None, name: str | None, 
 
 
 def relay_loop(stop: threading.Event, interval: float, heartbeat: str | None = None) -> None:
-    from app.housekeeping.relay import relay_pass
-    from app.services import root
+    from app.housekeeping.relay import Relay
 
-    svc = root(db_pool_size=1)
-    settings, db, publisher, storage = svc.settings, svc.db, svc.publisher, svc.storage
+    relay = root().derive(Relay, db_pool_size=1)
     while not stop.is_set():
         try:
-            relay_pass(db, publisher, settings, storage)
+            relay.run_pass()
         except Exception:
             log.exception("relay pass failed; retrying")
         if heartbeat:
@@ -137,7 +172,7 @@ def relay_loop(stop: threading.Event, interval: float, heartbeat: str | None = N
             # restarting the relay would not bring either back).
             Path(heartbeat).touch()
         stop.wait(interval)
-    db.dispose()
+    relay.close()
 
 
 @click.command(
@@ -190,17 +225,6 @@ def webhooks(concurrency: int, name: str, metrics_port: int, loglevel: str) -> i
     return 1  # not reached
 
 
-def management_api_url(broker_url: str) -> str:
-    """RabbitMQ's management API beside an amqp:// broker URL (same host and user, port
-    15672): what Flower's broker tab reads when DIFFQ_RABBITMQ_API_URL is not set."""
-    from urllib.parse import quote, unquote, urlsplit
-
-    parts = urlsplit(broker_url)
-    user = quote(unquote(parts.username or "guest"), safe="")
-    password = quote(unquote(parts.password or "guest"), safe="")
-    return f"http://{user}:{password}@{parts.hostname or '127.0.0.1'}:15672/api/"
-
-
 @click.command("flower", short_help="Flower, Celery's dashboard, with authentication on.")
 @click.option("--bind", default="127.0.0.1:5555", show_default=True, help="host:port")
 def flower(bind: str) -> int:
@@ -211,17 +235,20 @@ def flower(bind: str) -> int:
             "set DIFFQ_FLOWER_AUTH=user:password: Flower can revoke tasks and shut workers "
             "down, so diffq does not serve it without authentication"
         )
-    if settings.embedded:
+    management = root().broker.management_url()
+    if management is None:
         raise ValueError("Flower needs RabbitMQ: set DIFFQ_BROKER_URL")
     host, _, port = bind.rpartition(":")
     env = dict(os.environ)
     # Through the environment, not the command line: ps shows arguments to everyone.
     env["FLOWER_BASIC_AUTH"] = settings.flower_auth
-    env["FLOWER_BROKER_API"] = settings.rabbitmq_api_url or management_api_url(settings.broker_url)
+    env["FLOWER_BROKER_API"] = management
     command = [
         sys.executable,
         "-m",
-        "celery",
+        # Celery's flower command, with /metrics and /healthcheck behind the credentials
+        # and no page frameable (cli/flower_guard.py).
+        "cli.flower_guard",
         "-A",
         "tasks",
         "flower",

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import click
 
 from app.config import Settings
 from app.services import Services, root
-from cli.serve import gunicorn_command, prepare_api_metrics, relay_loop
+from cli.serve import api_environment, gunicorn_command, prepare_api_metrics, relay_loop
 from workers.supervisor import ProcessGroup
 
 DEMO_TENANT = "demo"
@@ -36,6 +40,78 @@ def _demo_key(svc: Services) -> str:
     with os.fdopen(fd, "w") as fh:
         fh.write(key)
     return key
+
+
+def _port_taken(host: str, port: int) -> bool:
+    """Whether something already listens on host:port (the way gunicorn will bind it)."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return False  # gunicorn will say what is wrong with the address
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def check_bind(bind: str) -> None:
+    """Refuse at once, with a free address to use instead, when `bind` is taken (gunicorn
+    would retry for 5 s and exit with a traceback)."""
+    host, _, port_text = bind.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise click.BadParameter(f"{bind!r}: expected HOST:PORT", param_hint="--bind") from None
+    if not _port_taken(host, port):
+        return
+    free = next((p for p in range(port + 1, port + 50) if not _port_taken(host, p)), None)
+    hint = f" --bind {host}:{free}" if free is not None else " --bind HOST:PORT"
+    raise click.ClickException(
+        f"{bind} is already in use (another diffq up, or another server). Choose another "
+        f"address: scripts/up{hint} (or diffq up{hint}, or set DIFFQ_API_BIND)."
+    )
+
+
+def _shown(path: Path) -> str:
+    """`path` as a shell in the current folder may type it."""
+    try:
+        return "./" + str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def cli_lines(url: str, key: str) -> list[str]:
+    """How to reach the CLI from another shell: `diffq` is in the virtual environment,
+    not on PATH."""
+    scripts = Path(sys.executable).parent.resolve()
+    diffq = scripts / "diffq"
+    command = _shown(diffq) if diffq.exists() else "diffq"
+    lines = []
+    if (scripts / "activate").exists():
+        lines.append(f"(source {_shown(scripts / 'activate')} puts diffq on PATH)")
+    lines.append(f"export DIFFQ_URL={url} DIFFQ_API_KEY={key}")
+    lines.append(f"{command} generate 'a red fox' -o fox.png")
+    return lines
+
+
+def banner(url: str, key: str, home: Path, seconds: float) -> str:
+    cli = "".join(f"  {line}\n" for line in cli_lines(url, key))
+    return (
+        f"\ndiffq is up in {seconds:.0f} s (embedded: SQLite, local images, filesystem broker)\n"
+        f"  page     {url}/ui\n"
+        f"  API      {url}   (docs: {url}/docs)\n"
+        f"  API key  {key}\n"
+        f"  data     {home}\n"
+        f"  stop     Ctrl-C here (or SIGTERM to pid {os.getpid()})\n\n"
+        f"  curl -s -X POST {url}/v1/jobs -H 'Authorization: Bearer {key}' \\\n"
+        f"       -H 'Content-Type: application/json' -d '{{\"prompt\": \"a red fox\"}}'\n\n"
+        f"  The CLI, from another shell:\n{cli}"
+    )
 
 
 def _echo_and_watch(stream, marker: str, seen: threading.Event) -> None:
@@ -72,11 +148,14 @@ def _wait_ready(
 @click.command("up")
 @click.option("--bind", help="host:port (default DIFFQ_API_BIND, 127.0.0.1:8000)")
 def up(bind: str | None) -> int:
-    """Everything in one command, on the embedded defaults."""
+    """Everything in one command, on the embedded defaults. Ctrl-C stops it."""
     from app.db.migrate import upgrade
 
+    started = time.monotonic()
     svc = root(db_pool_size=1)  # the demo key and the relay's thread share it
     settings = svc.settings
+    bind = bind or settings.api_bind
+    check_bind(bind)
     settings.home.mkdir(parents=True, exist_ok=True)
     default = svc.catalog.get(None)
     if settings.models_file is None and not default.path.exists():
@@ -84,9 +163,11 @@ def up(bind: str | None) -> int:
         from workers.tiny import build_tiny_model
 
         build_tiny_model(default.path)
+    # The migrations' own log (a dozen lines on a first start) is noise here; `diffq db
+    # upgrade` still shows it.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     upgrade(settings.database_url)
     key = _demo_key(svc)
-    bind = bind or settings.api_bind
     url = f"http://{bind}"
 
     group = ProcessGroup()
@@ -103,7 +184,10 @@ def up(bind: str | None) -> int:
         [sys.executable, "-m", "cli", "webhooks", "--concurrency", "4", "--metrics-port", "0"]
     )
     prepare_api_metrics(bind)
-    group.start(gunicorn_command(bind, workers=1, threads=64))
+    # The API's /metrics port only where one is asked for (two `diffq up` side by side).
+    metrics_port = settings.api_metrics_port if "DIFFQ_API_METRICS_PORT" in os.environ else 0
+    os.environ.update(api_environment(bind, metrics_port, threads=64))
+    group.start(gunicorn_command(bind, workers=1, threads=64, metrics_port=metrics_port))
     children = group.children
     stop = threading.Event()
     relay = threading.Thread(target=relay_loop, args=(stop, 2.0), daemon=True)
@@ -118,16 +202,7 @@ def up(bind: str | None) -> int:
     signal.signal(signal.SIGINT, shutdown)
     status = 0
     if _wait_ready(url, children, worker_ready):
-        print(
-            f"\ndiffq is up (embedded: SQLite, local images, filesystem broker)\n"
-            f"  page     {url}/ui\n"
-            f"  API      {url}   (docs: {url}/docs)\n"
-            f"  API key  {key}\n"
-            f"  data     {settings.home}\n\n"
-            f"  curl -s -X POST {url}/v1/jobs -H 'Authorization: Bearer {key}' \\\n"
-            f"       -H 'Content-Type: application/json' -d '{{\"prompt\": \"a red fox\"}}'\n",
-            flush=True,
-        )
+        print(banner(url, key, settings.home, time.monotonic() - started), flush=True)
     else:
         print("diffq: the API or the worker did not start; see the log above", file=sys.stderr)
         status = 1

@@ -6,11 +6,10 @@ import logging
 import time
 
 from celery import Task
-from celery.exceptions import Reject, TimeLimitExceeded
+from celery.exceptions import Ignore, Reject, TimeLimitExceeded
 from sqlalchemy.exc import DBAPIError
 
 from app.jobs.payload import GENERATE_TASK
-from tasks.batching import opener
 from tasks.boot.gpu import record_hard_timeout, runtime
 from tasks.celery_app import app
 
@@ -36,20 +35,31 @@ def generate(self, payload):
 
     delivery = self.request.delivery_info or {}
     rt = runtime()
-    # Dynamic batching takes further messages from the broker; the embedded mode's
-    # filesystem broker does not batch (README, docs/batching.md).
-    open_permits = None if rt.settings.embedded else opener(self.app)
     try:
+        # Dynamic batching takes further messages where the broker backend can give them.
         outcome = execute_job(
-            rt, payload, redelivered=bool(delivery.get("redelivered")), open_permits=open_permits
+            rt,
+            payload,
+            redelivered=bool(delivery.get("redelivered")),
+            open_permits=rt.open_permits if rt.broker.features.batching else None,
         )
     except DBAPIError as exc:
         # The outcome could not be recorded: hand the message back instead of acking it.
         log.error("database unavailable (%s); requeueing the message", type(exc).__name__)
         time.sleep(DATABASE_RETRY_PAUSE)
         raise Reject(f"database unavailable: {type(exc).__name__}", requeue=True) from exc
-    if outcome.verdict == Verdict.DEAD_LETTER:
+    if outcome.verdict == Verdict.DEAD_LETTER:  # a failed job is a failed task
         raise Reject(outcome.reason, requeue=False)
     if outcome.verdict == Verdict.REQUEUE:
         raise Reject(outcome.reason, requeue=True)
+    if outcome.verdict == Verdict.DISCARD:
+        # Not a success: the message ran nothing to an outcome (its job was canceled,
+        # had finished, or is another worker's). Flower shows it revoked; Ignore acks the
+        # message and sends no succeeded event after it.
+        self.send_event("task-revoked", terminated=False, signum=None, expired=False)
+        raise Ignore(outcome.reason)
+    if outcome.verdict == Verdict.HANDED_OVER:
+        # Acked, its outcome not known yet: post-processing reports it when recorded
+        # (tasks/boot/gpu.py report_outcome), so Flower counts what became of the job.
+        raise Ignore(outcome.reason)
     return None

@@ -23,6 +23,7 @@ from app.db.session import Database
 from app.jobs import service
 from app.jobs.states import Priority
 from app.keys import get_or_create_tenant
+from app.kinds import JobRequest, request_from_stored
 from app.storage.local import LocalStorage
 from workers.pipelines import LoadedModel
 from workers.postprocess import PostProcessor
@@ -50,12 +51,13 @@ def tenant(db: Database, name: str | None = None) -> uuid.UUID:
         return get_or_create_tenant(session, name or f"t-{uuid.uuid4().hex[:8]}").id
 
 
-def job_params(spec: ModelSpec | None = None, **overrides: Any) -> dict[str, Any]:
-    """A job's normalized input, as the API stores it: at the model's defaults, or for no
-    model at the tiny model's cheapest (64², 4 steps)."""
-    params = {
+def job_request(spec: ModelSpec | None = None, **overrides: Any) -> JobRequest:
+    """A job's typed request, as the API normalizes it: at the model's defaults, or for
+    no model at the tiny model's cheapest (64², 4 steps). `kind` picks the job kind."""
+    values = {
         "prompt": "a red cube",
         "negative_prompt": None,
+        "model": spec.name if spec else MODEL,
         "width": spec.default_width if spec else 64,
         "height": spec.default_height if spec else 64,
         "steps": spec.default_steps if spec else 4,
@@ -64,9 +66,10 @@ def job_params(spec: ModelSpec | None = None, **overrides: Any) -> dict[str, Any
         "seed": 7,
         "scheduler": "default",
         "output_format": "png",
+        "priority": "normal",
     }
-    params.update(overrides)
-    return params
+    values.update(overrides)
+    return request_from_stored(values)
 
 
 def queued_job(db: Database, tenant_id: uuid.UUID, spec: ModelSpec, **overrides: Any) -> uuid.UUID:
@@ -78,7 +81,7 @@ def queued_job(db: Database, tenant_id: uuid.UUID, spec: ModelSpec, **overrides:
             model=spec.name,
             queue=spec.queue,
             priority=Priority.NORMAL,
-            params=job_params(spec, **overrides),
+            request=job_request(spec, **overrides),
             metadata=None,
         )
         service.mark_published(session, job.id)
@@ -96,8 +99,7 @@ def message(job_id: uuid.UUID, tenant_id: uuid.UUID) -> dict[str, Any]:
 class FakePipeline(SyntheticPipeline):
     """The synthetic stand-in with hooks: `at_step[k](step)` runs after denoising step k
     (1-based) and may raise (an out-of-memory error, a crash); `decodes` counts the runs
-    that got past the denoising loop to produce images. The worker runs a shallow copy per
-    job, so the hooks and counts live in containers the copies share."""
+    that got past the denoising loop to produce images."""
 
     def __init__(self, seconds_per_image: float = 0.0) -> None:
         super().__init__(seconds_per_image)
@@ -150,3 +152,12 @@ def runtime(
         name="in-process",
         postprocessor=PostProcessor(1) if postprocess else None,
     )
+
+
+def generate_one(model: LoadedModel, request: JobRequest, on_step=None) -> Any:
+    """One job alone through the worker's one pipeline call (a batch of one): its
+    Generation; raises workers.call.Interrupted when `on_step` stops it."""
+    from workers.call import generate
+
+    [output] = generate(model, [request], on_step=[on_step or (lambda *_: True)])
+    return output

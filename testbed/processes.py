@@ -84,9 +84,17 @@ class ManagedProcess:
 
 
 def start_worker(
-    env: dict[str, str], log_dir: Path, name: str, models: str | None = None, wait: bool = True
+    env: dict[str, str],
+    log_dir: Path,
+    name: str,
+    models: str | None = None,
+    wait: bool = True,
+    prefix: list[str] | None = None,
 ) -> ManagedProcess:
+    """A `diffq worker` on the CPU; `prefix` runs it through a wrapper that execs it in
+    place (`ip netns exec NS`, testbed/netns.py), so its pid is still the worker's."""
     args = [
+        *(prefix or []),
         sys.executable,
         "-m",
         "cli",
@@ -122,6 +130,9 @@ class ApiServer(ManagedProcess):
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # /metrics is served on its own port, never on the public one (app/web/edge.py).
+        self.metrics_port = free_port()
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         args = [
             sys.executable,
             "-m",
@@ -133,6 +144,8 @@ class ApiServer(ManagedProcess):
             str(workers),
             "--threads",
             str(threads),
+            "--metrics-port",
+            str(self.metrics_port),
         ]
         super().__init__(name, args, env, log_dir)
 

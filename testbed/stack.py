@@ -35,6 +35,8 @@ max_num_images = 3
 max_prompt_chars = 300
 soft_time_limit = 60
 time_limit = 90
+lora_family = "tiny"
+max_loras = 2
 
 [models.tiny-b]
 path = "{tiny}"
@@ -50,8 +52,13 @@ default_steps = 2
 max_num_images = 2
 max_guidance = 12.0
 schedulers = ["default", "euler"]
+kinds = ["txt2img"]
 soft_time_limit = 60
 time_limit = 90
+
+[adapters.ink]
+path = "{adapter}"
+family = "tiny"
 """
 
 QUEUES = ["gpu.tiny", "gpu.tiny-b"]
@@ -90,7 +97,11 @@ def start_stack(workdir: Path, extra_env: dict[str, str] | None = None) -> Stack
     logs.mkdir(parents=True, exist_ok=True)
     tiny = build_tiny_model(workdir / "models" / "tiny")
     models_file = workdir / "models.toml"
-    models_file.write_text(MODELS_TOML.format(tiny=tiny))
+    from workers.tiny import build_tiny_lora
+
+    adapter = workdir / "models" / "ink.safetensors"
+    adapter.write_bytes(build_tiny_lora(seed=11))
+    models_file.write_text(MODELS_TOML.format(tiny=tiny, adapter=adapter))
     cleanup: list = []
     try:
         db_name = f"diffq_test_{run}"
@@ -130,6 +141,10 @@ def start_stack(workdir: Path, extra_env: dict[str, str] | None = None) -> Stack
         "DIFFQ_SSE_KEEPALIVE": "1",
         "DIFFQ_WORKER_METRICS_PORT": "0",  # tests that read worker metrics pick a port
         "DIFFQ_RATE_LIMIT": "0",  # tests poll hard; test_limits.py sets its own
+        # Tests fail authentication on purpose, and read gauges right after a change;
+        # tests/security sets its own limits and cache.
+        "DIFFQ_AUTH_FAILURES": "0",
+        "DIFFQ_METRICS_CACHE_TTL": "0",
         **s3.env(bucket),
         **(extra_env or {}),
     }

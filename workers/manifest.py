@@ -1,34 +1,58 @@
-"""Reproducibility manifests: what made a job's images, enough to make them again.
+"""Reproducibility manifests and the model's digest: what made a job's images, enough to
+make them again, and what the result cache keys on.
 
-The weights' digest is computed once when a model loads (it reads every weight file);
-each job adds only its seed and the scheduler it ran with.
+The digests are computed once when a model loads (they read every file of the model's
+folder and of a separate VAE's); each job adds only its seed and the scheduler it ran
+with. The model's digest covers everything a loaded model fixes that shapes an image:
+the folder's files (weights and configurations: a changed scheduler_config.json is a
+different model), a separate VAE's files, the dtype it runs in, the weights' variant and
+whether the safety checker runs (app/jobs/cache.py keys on it).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import platform
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".onnx", ".gguf", ".msgpack")
 _CHUNK = 1 << 20
 
 
-def weights_digest(model_dir: Path) -> str:
-    """SHA-256 over the model's weight files: each one's path (relative) and bytes, in
-    path order, so renaming or changing any weight changes the digest."""
+def _shapes_images(path: Path, folder: Path) -> bool:
+    """A file that loading reads: everything but hidden files and documentation."""
+    parts = path.relative_to(folder).parts
+    return not any(part.startswith(".") for part in parts) and path.suffix.lower() != ".md"
+
+
+def files_digest(folder: Path) -> str:
+    """SHA-256 over a model folder's files (weights, configurations, tokenizers): each
+    one's path (relative) and bytes, in path order, so renaming or changing any of them
+    changes the digest."""
     digest = hashlib.sha256()
-    files = sorted(
-        p for p in model_dir.rglob("*") if p.is_file() and p.suffix.lower() in WEIGHT_SUFFIXES
-    )
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and _shapes_images(p, folder))
     for path in files:
-        digest.update(path.relative_to(model_dir).as_posix().encode() + b"\0")
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
         with path.open("rb") as fh:
             while chunk := fh.read(_CHUNK):
                 digest.update(chunk)
     return digest.hexdigest()
+
+
+def model_digest(
+    files_sha: str, *, vae_sha: str | None, dtype: str, variant: str | None, safety_checker: bool
+) -> str:
+    """SHA-256 over everything a loaded model fixes that shapes its images."""
+    fixed = {
+        "files": files_sha,
+        "vae": vae_sha,
+        "dtype": dtype,
+        "variant": variant,
+        "safety_checker": safety_checker,
+    }
+    return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()
 
 
 def _version(package: str) -> str | None:
@@ -47,12 +71,26 @@ def device_name(device: str) -> str:
     return f"cpu ({platform.machine()})"
 
 
-def model_manifest(name: str, digest: str, dtype: str, device: str) -> dict[str, Any]:
-    """The part of every manifest that a loaded model fixes."""
+def model_manifest(
+    name: str,
+    digests: dict[str, str | None],
+    dtype: str,
+    device: str,
+    *,
+    variant: str | None = None,
+    safety_checker: bool = False,
+) -> dict[str, Any]:
+    """The part of every manifest that a loaded model fixes. `digests`: `model` (the
+    cache's key: `model_digest`), `weights` (the folder's files), `vae` (a separate
+    VAE's files, or None)."""
     return {
         "model": name,
-        "weights_sha256": digest,
+        "model_sha256": digests["model"],
+        "weights_sha256": digests["weights"],
+        "vae_sha256": digests.get("vae"),
         "dtype": dtype,
+        "variant": variant,
+        "safety_checker": safety_checker,
         "device": device_name(device),
         "versions": {
             "diffq": _version("diffq"),
@@ -63,12 +101,19 @@ def model_manifest(name: str, digest: str, dtype: str, device: str) -> dict[str,
     }
 
 
-def job_manifest(base: dict[str, Any], scheduler: Any, seed: int) -> dict[str, Any]:
+def job_manifest(base: dict[str, Any], scheduler: Any, request: Any) -> dict[str, Any]:
+    """A job's manifest: the model's part, its kind and input images' digests, the
+    scheduler it ran with and its seed."""
+    from app.kinds import kind_of
+
     config = {k: v for k, v in dict(scheduler.config).items()}
     return {
         **base,
+        "kind": request.kind,
+        "inputs": kind_of(request).inputs(request),
         "scheduler": {"class": type(scheduler).__name__, "config": _plain(config)},
-        "seed": seed,
+        "seed": request.seed,
+        **({"loras": [lora.stored() for lora in request.loras]} if request.loras else {}),
     }
 
 

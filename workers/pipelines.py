@@ -5,12 +5,16 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.catalog import ModelSpec
-from workers.manifest import model_manifest, weights_digest
+from app.families import FAMILIES, family_of_pipeline
+from workers.adapters import PipelineAdapters
+from workers.compiled import compile_denoiser
+from workers.manifest import files_digest, model_digest, model_manifest
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +28,31 @@ class LoadedModel:
     spec: ModelSpec
     pipeline: Any
     device: str
-    load_seconds: float
-    # SHA-256 of the weight files and the manifest fields the model fixes (workers/manifest.py).
+    load_seconds: float  # from_pretrained: the weights read into memory
+    device_seconds: float = 0.0  # moved to the device
+    # SHA-256 of all that the loaded model fixes (workers/manifest.py `model_digest`: the
+    # result cache keys on it), and the manifest fields the model fixes.
     digest: str = ""
     manifest: dict[str, Any] | None = None
+    # The model's own scheduler as loaded: each call builds a new one from it.
+    scheduler: Any = None
+    # One pipeline call at a time on these weights (workers/call.py), and each job kind's
+    # pipeline derived from them. Entries that share weights share these too.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    kind_pipelines: dict[str, Any] = field(default_factory=dict)
+    # The LoRA adapters loaded into these weights (workers/adapters.py), shared likewise.
+    adapters: PipelineAdapters = field(default_factory=lambda: PipelineAdapters(8))
+    # Each scheduler name's pristine instance, copied for every call (workers/call.py).
+    schedulers: dict[str, Any] = field(default_factory=dict)
+    # The denoiser wrapped in torch.compile, for the catalog's compile_sizes
+    # (workers/compiled.py); None: every size runs eager.
+    compiled: Any = None
+    # Seconds the warm-up took: "warm_up" (the first kind), "warm_up WxH" per compile tier.
+    warm_seconds: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.scheduler is None:
+            self.scheduler = getattr(self.pipeline, "scheduler", None)
 
 
 def check_model_dir(spec: ModelSpec) -> None:
@@ -53,6 +78,15 @@ def check_model_dir(spec: ModelSpec) -> None:
     ]
     if missing:
         raise ModelLoadError(f"model {spec.name!r}: component folders missing: {missing}")
+    pipeline_class = str(components.get("_class_name") or "")
+    found = family_of_pipeline(pipeline_class)
+    if found != spec.family:
+        # The API offers the schedulers and sizes of the catalog's family: a model of
+        # another family would fail the jobs it accepted.
+        raise ModelLoadError(
+            f"model {spec.name!r}: {pipeline_class} is a {FAMILIES[found].summary} "
+            f'pipeline; set family = "{found}" in its catalog table (it says {spec.family!r})'
+        )
 
 
 def preimport_components(spec: ModelSpec) -> None:
@@ -124,6 +158,32 @@ def _has_variant(folder, variant: str | None) -> bool:
     return bool(variant) and any(folder.glob(f"*.{variant}.safetensors"))
 
 
+def model_identity(spec: ModelSpec, device: str) -> tuple[str, dict[str, Any]]:
+    """The model's digest (what the result cache keys on) and the manifest fields it
+    fixes, from its files and loading keys: known without loading it."""
+    dtype_name = str(resolve_dtype(spec, device)).removeprefix("torch.")
+    digests: dict[str, str | None] = {
+        "weights": files_digest(spec.path),
+        "vae": files_digest(spec.vae_path) if spec.vae_path is not None else None,
+    }
+    digests["model"] = digest = model_digest(
+        digests["weights"],
+        vae_sha=digests["vae"],
+        dtype=dtype_name,
+        variant=spec.variant,
+        safety_checker=spec.safety_checker,
+    )
+    manifest = model_manifest(
+        spec.name,
+        digests,
+        dtype_name,
+        device,
+        variant=spec.variant,
+        safety_checker=spec.safety_checker,
+    )
+    return digest, manifest
+
+
 def load_model(spec: ModelSpec, device: str) -> LoadedModel:
     import transformers
     from diffusers import DiffusionPipeline
@@ -136,6 +196,7 @@ def load_model(spec: ModelSpec, device: str) -> LoadedModel:
     started = time.perf_counter()
     try:
         pipeline = DiffusionPipeline.from_pretrained(str(spec.path), **load_options(spec, dtype))
+        read = time.perf_counter()
         pipeline = pipeline.to(device)
     except ModelLoadError:
         raise
@@ -143,30 +204,46 @@ def load_model(spec: ModelSpec, device: str) -> LoadedModel:
         raise ModelLoadError(f"model {spec.name!r} failed to load from {spec.path}: {exc}") from exc
     pipeline.set_progress_bar_config(disable=True)
     loaded_seconds = time.perf_counter() - started
-    digest = weights_digest(spec.path)
+    device_seconds = time.perf_counter() - read
+    digest, manifest = model_identity(spec, device)
     log.info(
-        "model %s weights sha256 %s (%.2fs)",
+        "model %s sha256 %s (%.2fs)",
         spec.name,
         digest[:16],
         time.perf_counter() - started - loaded_seconds,
     )
-    manifest = model_manifest(spec.name, digest, str(dtype).removeprefix("torch."), device)
-    return LoadedModel(spec, pipeline, device, loaded_seconds, digest, manifest)
+    from app.metrics.instruments import MODEL_LOAD_DURATION
+
+    MODEL_LOAD_DURATION.labels(spec.name, "load").observe(loaded_seconds)
+    model = LoadedModel(
+        spec, pipeline, device, loaded_seconds - device_seconds, device_seconds, digest, manifest
+    )
+    compile_denoiser(model)
+    return model
 
 
 def warm_up(model: LoadedModel) -> float:
-    """One short run so the first job does not pay for kernel selection and allocation."""
-    import torch
+    """One short job through the worker's own pipeline call (workers/call.py), so the
+    first real job does not pay for kernel selection, allocation or deriving its kind's
+    pipeline."""
+    from dataclasses import replace
+
+    from app.kinds import get_kind
+    from workers.call import generate
 
     started = time.perf_counter()
-    spec = model.spec
-    with torch.inference_mode():
-        model.pipeline(
-            "warm-up",
-            num_inference_steps=1,
-            width=spec.min_size,
-            height=spec.min_size,
-            guidance_scale=spec.default_guidance,
-            generator=torch.Generator(device=model.device).manual_seed(0),
-        )
-    return time.perf_counter() - started
+    # The first kind the model offers (an inpainting model's warms up inpainting).
+    kind = get_kind(model.spec.kinds[0])
+    request, inputs = kind.warm_up(model.spec)
+    generate(model, [request], on_step=[lambda *_: True], inputs=[inputs])
+    model.warm_seconds["warm_up"] = time.perf_counter() - started
+    for width, height in model.spec.compile_tiers:  # each tier compiled here, not on a job
+        tier_started = time.perf_counter()
+        sized = replace(request, width=width, height=height)
+        generate(model, [sized], on_step=[lambda *_: True], inputs=[inputs])
+        model.warm_seconds[f"warm_up {width}x{height}"] = time.perf_counter() - tier_started
+    seconds = time.perf_counter() - started
+    from app.metrics.instruments import MODEL_LOAD_DURATION
+
+    MODEL_LOAD_DURATION.labels(model.spec.name, "warm_up").observe(seconds)
+    return seconds

@@ -59,6 +59,25 @@ class ProgressReporter:
             self.close()
         return self._emit(progress_of(stage, step, total))
 
+    def begin(self, stage: str, step: int = 0, total: int = 0) -> bool:
+        """Hand the run's first stage to the writer thread and return at once: the job
+        was claimed a moment ago, so the write need not hold the GPU (it ran between two
+        jobs, one database round trip). A write that finds the job lost stops the run at
+        its first step, as a step's write does."""
+        if self._stop.is_set():
+            self.owner = False
+        if not self.owner:
+            return False
+        self._queue(progress_of(stage, step, total))
+        return True
+
+    def _queue(self, progress: dict[str, Any]) -> None:
+        self._pending = progress
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._flush_loop, name="progress", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
     def step(self, step: int, total: int) -> bool:
         """Record a denoising step (no I/O); False once the job is no longer ours."""
         self.last_step = step
@@ -66,11 +85,7 @@ class ProgressReporter:
             self.owner = False
         if not self.owner:
             return False
-        self._pending = progress_of("decoding" if step >= total else "denoising", step, total)
-        if self._thread is None and not self._closed:
-            self._thread = threading.Thread(target=self._flush_loop, name="progress", daemon=True)
-            self._thread.start()
-        self._wake.set()
+        self._queue(progress_of("decoding" if step >= total else "denoising", step, total))
         return True
 
     def _flush_loop(self) -> None:

@@ -1,4 +1,6 @@
-"""What a worker process holds for its whole life: settings, database, store, loaded models."""
+"""The GPU worker's root: what its pool process holds for its whole life (settings,
+database, store, broker, the loaded models) and the jobs it runs now, each with the flag
+that stops it at its next step."""
 
 from __future__ import annotations
 
@@ -7,68 +9,132 @@ import os
 import socket
 import threading
 import uuid
-from dataclasses import dataclass, field, replace
+from collections.abc import MutableMapping
 
 from app.catalog import Catalog
-from app.config import Settings
-from app.db.session import Database
 from app.jobs.cache import record_model_digest
+from app.jobs.fairness import Warmth
 from app.jobs.listener import Listener
 from app.jobs.notify import CANCEL_CHANNEL
 from app.services import Services
-from app.storage import Storage
+from workers.adapters import AdapterMemory
 from workers.devices import configure_cpu_threads, select_device
-from workers.pipelines import LoadedModel, load_model, warm_up
+from workers.models import ModelCache
+from workers.pipelines import LoadedModel, load_model, model_identity, warm_up
 from workers.postprocess import PostProcessor
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class WorkerRuntime:
-    settings: Settings
-    catalog: Catalog
-    db: Database
-    storage: Storage
-    models: dict[str, LoadedModel]
-    device: str
-    owner: str
-    name: str  # the Celery node name (gpu0@host): a label on this worker's metrics
-    # The job this process is running, and the flag that stops it at the next step: raised
-    # by a cancel notification, a lost lease, or a shutdown that outlasts its grace period.
-    current_job: uuid.UUID | None = None
-    stop_requested: threading.Event = field(default_factory=threading.Event)
-    # Set by a shutdown: the stopped job goes back to the queue instead of being dropped.
-    hand_back_requested: threading.Event = field(default_factory=threading.Event)
-    # Encodes, uploads and records finished jobs while the GPU runs the next (None: inline).
-    postprocessor: PostProcessor | None = None
-    # The jobs of a running batch (workers/batch.py), each with its own stop flag: a cancel
-    # takes that job out of the batch at the next step, the others go on.
-    batch_stops: dict[uuid.UUID, threading.Event] = field(default_factory=dict)
+class WorkerRuntime(Services):
+    """A GPU worker pool process's root (app/services.py's, plus its models)."""
 
-    def start_job(self, job_id: uuid.UUID) -> None:
-        self.current_job = job_id
-        self.stop_requested.clear()
+    def __init__(
+        self,
+        settings,
+        *,
+        models: MutableMapping[str, LoadedModel],
+        device: str,
+        owner: str,
+        name: str,
+        postprocessor: PostProcessor | None = None,
+        **root_options,
+    ) -> None:
+        super().__init__(settings, **root_options)
+        self.models = models
+        self.device = device
+        self.owner = owner
+        self.name = name  # the Celery node name (gpu0@host): a label on this worker's metrics
+        # Encodes, uploads and records finished jobs while the GPU runs the next (None: inline).
+        self.postprocessor = postprocessor
+        # Set by a shutdown: a stopped job goes back to the queue instead of being dropped.
+        self.hand_back_requested = threading.Event()
+        # The jobs running now (one, or a batch's), each with its stop flag: raised by a
+        # cancel notification, a lost lease, or a shutdown that outlasts its grace.
+        self._running: dict[uuid.UUID, threading.Event] = {}
+        # LoRA adapters held in CPU memory (workers/adapters.py); each model's pipeline
+        # keeps its own loaded ones.
+        self.adapter_memory = AdapterMemory(settings.adapter_cache_bytes)
+        for model in models.values():
+            model.adapters.capacity = max(1, settings.adapter_slots)
+
+    def warmth(self) -> Warmth | None:
+        """What this worker holds warm, for the fair choice (docs/fair-share.md)."""
+        if self.settings.warm_max_skips <= 0:
+            return None
+        return Warmth(
+            models=tuple(self.models),
+            adapter_sets=self.adapter_memory.warm_sets(),
+            max_skips=self.settings.warm_max_skips,
+            share_slack=self.settings.warm_share_slack,
+        )
+
+    def hold(self, job_id: uuid.UUID) -> threading.Event:
+        """The stop flag of a job this process starts running (set at once if a shutdown
+        already asked every job to go back)."""
+        stop = threading.Event()
         if self.hand_back_requested.is_set():
-            self.stop_requested.set()
+            stop.set()
+        self._running[job_id] = stop
+        return stop
 
-    def end_job(self) -> None:
-        self.current_job = None
-        self.stop_requested.clear()
+    def release(self, job_id: uuid.UUID) -> None:
+        self._running.pop(job_id, None)
+
+    @property
+    def running(self) -> list[uuid.UUID]:
+        return list(self._running)
 
     def on_cancel(self, _channel: str | None, payload: str | None) -> None:
-        if payload is not None and payload == str(self.current_job):
-            self.stop_requested.set()
-        for job_id, stop in list(self.batch_stops.items()):
+        for job_id, stop in list(self._running.items()):
             if payload == str(job_id):
                 stop.set()
 
     def request_hand_back(self) -> None:
-        """Stop the current job at its next step and return it to the queue."""
+        """Stop every running job at its next step and return it to the queue."""
         self.hand_back_requested.set()
-        self.stop_requested.set()
-        for stop in list(self.batch_stops.values()):
+        for stop in list(self._running.values()):
             stop.set()
+
+    def report(self, job, outcome) -> None:
+        """Tell the monitors (Flower) a handed-over job's outcome, once recorded; the task
+        layer installs how (tasks/boot/gpu.py). Nothing by default."""
+
+    def dead_letter(self, job, reason: str) -> bool:
+        """A dead letter for a job whose message was already acked (app/broker/backend.py)."""
+        return self.broker.dead_letter(self.celery, job, reason)
+
+    def open_permits(self, queue: str):
+        """Further messages of `queue` for a batch (where `broker.features.batching`)."""
+        return self.broker.permits(self.celery, queue)
+
+
+def _count_from_zero(models: list[str]) -> None:
+    """Every outcome this worker can count starts at 0, so that `rate()` sees its first
+    increase (a counter born at 1 has no earlier sample to rise from)."""
+    from app.jobs.states import ErrorCode
+    from app.metrics.instruments import JOBS_FINISHED
+
+    reasons_to_cancel = {ErrorCode.CANCELED, ErrorCode.DEADLINE}
+    for model in models:
+        JOBS_FINISHED.labels(model, "succeeded", "")
+        for code in ErrorCode:
+            if code not in reasons_to_cancel:
+                JOBS_FINISHED.labels(model, "failed", code.value)
+
+
+def _record_start(name: str, model: LoadedModel) -> None:
+    """How long the model took to start, by phase (diffq_worker_model_start_seconds)."""
+    from app.metrics.instruments import MODEL_START_SECONDS
+
+    phases = {"load": model.load_seconds, "device": model.device_seconds, **model.warm_seconds}
+    for phase, seconds in phases.items():
+        MODEL_START_SECONDS.labels(name, phase).set(seconds)
+    log.info(
+        "model %s start: %s",
+        name,
+        ", ".join(f"{phase} {seconds:.2f}s" for phase, seconds in phases.items()),
+    )
 
 
 def served_models(catalog: Catalog, queues: list[str]) -> list[str]:
@@ -76,54 +142,57 @@ def served_models(catalog: Catalog, queues: list[str]) -> list[str]:
     return [spec.name for spec in catalog.models_for_queues(queues)]
 
 
-def build_runtime(services: Services, queues: list[str]) -> WorkerRuntime:
-    """Load and warm every served model; raises ModelLoadError on the first that fails.
-    `services` is the pool process's root (its database pool: main thread, progress
-    writer, lease keepers, post-processing threads: 2 + DIFFQ_POSTPROCESS_DEPTH)."""
-    settings, catalog = services.settings, services.catalog
+def build_runtime(parent: Services, queues: list[str]) -> WorkerRuntime:
+    """A pool process's root, over `parent`'s settings, catalog and Celery app, with its
+    own connections (a pool for the main thread, progress writer, lease keepers and
+    post-processing threads: 2 + DIFFQ_POSTPROCESS_DEPTH); every served model loaded and
+    warmed (or the first DIFFQ_WORKER_MAX_MODELS, the others when a job needs them:
+    workers/models.py). Raises ModelLoadError on the first model that fails."""
+    settings, catalog = parent.settings, parent.catalog
     device = select_device(settings.device)
     if device == "cpu":
         configure_cpu_threads()
-    models: dict[str, LoadedModel] = {}
-    # Entries that name the same weights (say, one model with two sets of limits) share
-    # one pipeline in memory.
-    loaded: dict[tuple, LoadedModel] = {}
-    for name in served_models(catalog, queues):
-        spec = catalog.models[name]
-        weights = (spec.path.resolve(), spec.dtype)
-        shared = loaded.get(weights)
-        if shared is not None:
-            manifest = {**(shared.manifest or {}), "model": name}
-            models[name] = replace(shared, spec=spec, manifest=manifest)
-            log.info("model %s shares the pipeline already loaded from %s", name, spec.path)
-            continue
+    served = {name: catalog.models[name] for name in served_models(catalog, queues)}
+    capacity = settings.worker_max_models
+
+    def load(spec) -> LoadedModel:
         model = load_model(spec, device)
         warm_seconds = warm_up(model)
+        model.adapters.capacity = max(1, settings.adapter_slots)
         log.info(
             "model %s loaded on %s in %.2fs, warmed up in %.2fs",
-            name,
+            spec.name,
             device,
-            model.load_seconds,
+            model.load_seconds + model.device_seconds,
             warm_seconds,
         )
-        models[name] = loaded[weights] = model
-    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    runtime = WorkerRuntime(
-        settings=settings,
-        catalog=catalog,
-        db=services.db,
-        storage=services.storage,
+        _record_start(spec.name, model)
+        return model
+
+    models = ModelCache(served, load, capacity)
+    for name in served:  # each at start, or the first DIFFQ_WORKER_MAX_MODELS of them
+        if capacity <= 0 or models.pipelines() < capacity:
+            models.get(name)
+    # What the result cache keys on, for every served model, loaded now or not.
+    digests = {
+        name: (models[name].digest if name in models else model_identity(spec, device)[0])
+        for name, spec in served.items()
+    }
+    runtime = parent.derive(
+        WorkerRuntime,
+        db_pool_size=2 + settings.postprocess_depth,
         models=models,
         device=device,
-        owner=owner,
+        owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
         name=os.environ.get("DIFFQ_WORKER_NAME") or socket.gethostname(),
         postprocessor=(
             PostProcessor(settings.postprocess_depth) if settings.postprocess_depth > 0 else None
         ),
     )
     with runtime.db.session() as session:
-        for name, model in models.items():  # what the result cache keys on
-            record_model_digest(session, name, model.digest)
+        for name, digest in digests.items():
+            record_model_digest(session, name, digest)
+    _count_from_zero(list(served))
     if runtime.db.engine.dialect.name == "postgresql":
         # Cancels reach a running job within one step; elsewhere, at the next progress write.
         Listener(settings.database_url, [CANCEL_CHANNEL], runtime.on_cancel).start()

@@ -41,7 +41,6 @@ class SyntheticPipeline:
         self.seconds_per_image = seconds_per_image
         self.scheduler = DDIMScheduler()
         self.num_timesteps = 0
-        # Shared with the per-job shallow copies that workers/generation.py makes.
         self._busy = [0.0]
         self._images: dict[tuple[int, int], Any] = {}
 

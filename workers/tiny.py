@@ -1,51 +1,23 @@
-"""Build a tiny random-weight Stable Diffusion pipeline with an offline tokenizer."""
+"""Build a tiny random-weight Stable Diffusion pipeline with an offline tokenizer (SD3
+and FLUX: workers/tiny_flow.py)."""
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
-
-def _bytes_to_unicode() -> list[str]:
-    """CLIP's byte-level alphabet: 256 printable stand-ins for the 256 byte values."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    codes = printable[:]
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            codes.append(256 + extra)
-            extra += 1
-    return [chr(c) for c in codes]
+from workers.tiny_tokenizers import _tokenizer_files
 
 
-def _tokenizer_files(folder: Path) -> tuple[Path, Path, dict[str, int]]:
-    """A byte-level BPE vocabulary with no merges: every byte is a token."""
-    alphabet = _bytes_to_unicode()
-    vocab: dict[str, int] = {}
-    for ch in alphabet:
-        vocab[ch] = len(vocab)
-    for ch in alphabet:
-        vocab[f"{ch}</w>"] = len(vocab)
-    vocab["<|startoftext|>"] = len(vocab)
-    vocab["<|endoftext|>"] = len(vocab)
-    vocab_file = folder / "vocab.json"
-    merges_file = folder / "merges.txt"
-    vocab_file.write_text(json.dumps(vocab))
-    merges_file.write_text("#version: 0.2\n")
-    return vocab_file, merges_file, vocab
-
-
-def build_tiny_pipeline(seed: int = 0):
-    """The pipeline object, weights drawn from `seed` (same seed, same weights)."""
+def build_tiny_pipeline(seed: int = 0, *, inpainting: bool = False):
+    """The pipeline object, weights drawn from `seed` (same seed, same weights). With
+    `inpainting`, a dedicated inpainting model: a UNet of 9 input channels (the latents,
+    the mask, the masked image's latents) in an inpainting pipeline."""
     import torch
     from diffusers import (
         AutoencoderKL,
         DDIMScheduler,
+        StableDiffusionInpaintPipeline,
         StableDiffusionPipeline,
         UNet2DConditionModel,
     )
@@ -74,7 +46,7 @@ def build_tiny_pipeline(seed: int = 0):
         block_out_channels=(32, 64),
         layers_per_block=1,
         sample_size=8,
-        in_channels=4,
+        in_channels=9 if inpainting else 4,
         out_channels=4,
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
@@ -101,7 +73,8 @@ def build_tiny_pipeline(seed: int = 0):
         set_alpha_to_one=False,
         steps_offset=1,
     )
-    return StableDiffusionPipeline(
+    pipeline_class = StableDiffusionInpaintPipeline if inpainting else StableDiffusionPipeline
+    return pipeline_class(
         unet=unet,
         vae=vae,
         text_encoder=text_encoder,
@@ -113,17 +86,67 @@ def build_tiny_pipeline(seed: int = 0):
     )
 
 
-def build_tiny_model(out_dir: str | Path, seed: int = 0) -> Path:
-    """Save the tiny pipeline with save_pretrained; it loads back with from_pretrained."""
+def build_tiny_model(
+    out_dir: str | Path, seed: int = 0, *, inpainting: bool = False, family: str = "sd"
+) -> Path:
+    """Save the tiny pipeline of a family (app/families.py) with save_pretrained; it loads
+    back with from_pretrained."""
+    if family == "sd":
+        pipeline = build_tiny_pipeline(seed, inpainting=inpainting)
+    else:
+        from workers.tiny_flow import BUILDERS
+
+        if inpainting or family not in BUILDERS:
+            raise ValueError(f"no tiny {family!r} model{' for inpainting' * inpainting}")
+        pipeline = BUILDERS[family](seed)
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the target and rename, so a reader never sees half a model.
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
         staging = Path(tmp) / "model"
-        build_tiny_pipeline(seed).save_pretrained(staging)
+        pipeline.save_pretrained(staging)
         for path in [staging, *staging.rglob("*")]:
             path.chmod(0o755 if path.is_dir() else 0o644)
         if out.exists():
             raise FileExistsError(f"{out} already exists")
         staging.rename(out)
     return out
+
+
+def build_tiny_lora(
+    seed: int = 0,
+    *,
+    rank: int = 4,
+    cross_attention_dim: int = 32,
+    text_encoder: bool = False,
+    strength: float = 0.3,
+) -> bytes:
+    """A random LoRA for the tiny model's UNet (every attention projection), as
+    safetensors bytes in the diffusers/PEFT form (`unet.<module>.lora_A.weight`).
+    `cross_attention_dim` other than 32 makes one for another family (its cross-attention
+    projections take that many features); `text_encoder` adds the text encoder's
+    attention projections."""
+    import torch
+    from safetensors.torch import save
+
+    generator = torch.Generator().manual_seed(seed)
+    unet = build_tiny_pipeline(0).unet
+    tensors: dict[str, torch.Tensor] = {}
+
+    def pair(prefix: str, in_features: int, out_features: int) -> None:
+        down = torch.randn(rank, in_features, generator=generator) * strength
+        up = torch.randn(out_features, rank, generator=generator) * strength
+        tensors[f"{prefix}.lora_A.weight"] = down.contiguous()
+        tensors[f"{prefix}.lora_B.weight"] = up.contiguous()
+
+    for name, module in unet.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.split(".")[-1] in ("to_q", "to_k", "to_v"):
+            in_features = module.in_features
+            if ".attn2." in f".{name}" and name.endswith(("to_k", "to_v")):
+                in_features = cross_attention_dim
+            pair(f"unet.{name}", in_features, module.out_features)
+    if text_encoder:
+        for layer in range(2):
+            for proj in ("q_proj", "k_proj", "v_proj"):
+                pair(f"text_encoder.text_model.encoder.layers.{layer}.self_attn.{proj}", 32, 32)
+    return save(tensors)

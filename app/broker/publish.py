@@ -12,7 +12,8 @@ from kombu import serialization
 from sqlalchemy import Engine, bindparam, update
 from sqlalchemy.orm import Session
 
-from app.broker.topology import WEBHOOK_QUEUE, declare_topology
+from app.broker.backend import Broker
+from app.broker.topology import WEBHOOK_QUEUE
 from app.catalog import Catalog, ModelSpec
 from app.db.models import Job
 from app.db.session import Database, execute_alone
@@ -24,24 +25,22 @@ log = logging.getLogger(__name__)
 
 
 class Publisher:
-    """Publishes job messages with the Celery app it is given (the root's), or one of its
-    own (app/broker/celery.py) built on first use."""
+    """Publishes job messages with the Celery app it is given (the root's), declaring the
+    broker backend's topology (app/broker/backend.py) once before the first."""
 
     def __init__(
         self,
         catalog: Catalog,
         *,
-        embedded: bool,
+        broker: Broker,
+        celery_app,
         timeout: float = 2.0,
-        celery_app=None,
         pause_after_failure: float = 0.0,
-        queue_type: str | None = None,
     ) -> None:
         self.catalog = catalog
-        self.embedded = embedded
+        self.broker = broker
         self.timeout = timeout
-        self._celery = celery_app
-        self.queue_type = queue_type  # None: read from the environment when declaring
+        self.celery = celery_app
         self._declared = False
         self._declaring = threading.Lock()
         # After a failed publish, skip trying for this long (the relay has the job): a
@@ -49,23 +48,15 @@ class Publisher:
         self.pause_after_failure = pause_after_failure
         self._paused_until = 0.0
 
-    @property
-    def celery(self):
-        if self._celery is None:
-            from app.broker.celery import create_celery
-
-            self._celery = create_celery()
-        return self._celery
-
     def _ensure_topology(self) -> None:
-        if self._declared or self.embedded:
+        if self._declared:
             return
         with self._declaring:  # one thread declares; the burst behind it waits, then goes
             if self._declared:
                 return
             with self.celery.connection_for_write() as conn:
                 conn.ensure_connection(max_retries=1, timeout=self.timeout)
-                declare_topology(conn, [*self.catalog.queues, WEBHOOK_QUEUE], self.queue_type)
+                self.broker.declare(conn, [*self.catalog.queues, WEBHOOK_QUEUE])
             self._declared = True
 
     def _send(
@@ -91,6 +82,38 @@ class Publisher:
         topology declared again; any other failure is the caller's (the relay's turn).
         """
         self._ensure_topology()
+        put = self._message(
+            task,
+            args,
+            task_id=task_id,
+            priority=priority,
+            time_limit=time_limit,
+            soft_time_limit=soft_time_limit,
+            argsrepr=argsrepr,
+        )
+        # Waits for a free pooled connection as send_task did: a burst larger than the
+        # pool queues here rather than failing (a failure pauses publishing).
+        with self.celery.pool.acquire(block=True) as conn:
+            try:
+                self._put(conn, queue, *put)
+            except conn.recoverable_connection_errors:
+                conn.close()
+                self._declared = False
+                self._ensure_topology()
+                self._put(conn, queue, *put)
+
+    def _message(
+        self,
+        task: str,
+        args: list,
+        *,
+        task_id: str | None,
+        priority: int | None,
+        time_limit: float | None,
+        soft_time_limit: float | None,
+        argsrepr: str | None,
+    ) -> tuple:
+        """The message's parts as a channel's `prepare_message` takes them."""
         message = self.celery.amqp.as_task_v2(
             task_id or str(uuid.uuid4()),
             task,
@@ -104,17 +127,7 @@ class Publisher:
         )
         content_type, encoding, body = serialization.dumps(message.body, serializer="json")
         properties = {"delivery_mode": 2, **message.properties}
-        put = (body, priority, content_type, encoding, message.headers, properties)
-        # Waits for a free pooled connection as send_task did: a burst larger than the
-        # pool queues here rather than failing (a failure pauses publishing).
-        with self.celery.pool.acquire(block=True) as conn:
-            try:
-                self._put(conn, queue, *put)
-            except conn.recoverable_connection_errors:
-                conn.close()
-                self._declared = False
-                self._ensure_topology()
-                self._put(conn, queue, *put)
+        return (body, priority, content_type, encoding, message.headers, properties)
 
     def _put(self, conn, queue: str, body, priority, content_type, encoding, headers, props):
         conn.ensure_connection(max_retries=1, timeout=self.timeout)
@@ -149,19 +162,9 @@ class Publisher:
         """
         if time.monotonic() < self._paused_until:
             return False
-        spec = spec or self.catalog.get(job.model)
-        soft, hard = (spec.soft_time_limit, spec.time_limit) if spec else (None, None)
         try:
-            self._send(
-                GENERATE_TASK,
-                [build_payload(job)],
-                job.queue,
-                task_id=str(job.id),
-                priority=job.publish_priority,
-                time_limit=hard,
-                soft_time_limit=soft,
-                argsrepr=f"job_id={job.id}",  # Flower and logs show the job id, never the prompt
-            )
+            options = self._job_options(job, spec)
+            self._send(GENERATE_TASK, [build_payload(job)], job.queue, **options)
         except Exception as exc:  # noqa: BLE001 - any broker failure: the relay retries
             log.warning(
                 "publish of job %s failed (%s: %s); the relay will retry",
@@ -173,6 +176,22 @@ class Publisher:
             self._paused_until = time.monotonic() + self.pause_after_failure
             return False
         return True
+
+    def _job_options(self, job: Job, spec: ModelSpec | None) -> dict:
+        spec = spec or self.catalog.get(job.model)
+        soft, hard = (spec.soft_time_limit, spec.time_limit) if spec else (None, None)
+        return {
+            "task_id": str(job.id),
+            "priority": job.publish_priority,
+            "time_limit": hard,
+            "soft_time_limit": soft,
+            "argsrepr": f"job_id={job.id}",  # Flower and logs show the job id, never the prompt
+        }
+
+    def job_message(self, job: Job, spec: ModelSpec | None = None) -> tuple:
+        """A job's message, exactly as `publish` sends it, for a publisher of many
+        (app/broker/bulk.py): the parts a channel's `prepare_message` takes."""
+        return self._message(GENERATE_TASK, [build_payload(job)], **self._job_options(job, spec))
 
 
 def publish_and_mark(db: Database, publisher: Publisher, job: Job) -> bool:

@@ -7,7 +7,7 @@ import secrets
 import uuid
 from datetime import date, datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     Date,
@@ -19,6 +19,7 @@ from sqlalchemy import (
     SmallInteger,
     String,
     Text,
+    UniqueConstraint,
     Uuid,
     text,
 )
@@ -28,6 +29,9 @@ from app.db.base import Base
 from app.db.types import JSONType, UTCDateTime, utcnow
 from app.ids import uuid7
 from app.jobs.states import JobStatus, Priority
+
+if TYPE_CHECKING:
+    from app.kinds import JobRequest
 
 CACHE_WHERE = "status = 'succeeded' AND data_removed_at IS NULL AND cache_key IS NOT NULL"
 
@@ -167,6 +171,14 @@ class Job(Base):
             postgresql_where=text("cached_from IS NOT NULL"),
             sqlite_where=text("cached_from IS NOT NULL"),
         ),
+        # A batch's jobs by state: its counts, its cancel, its end (app/batches).
+        Index(
+            "ix_jobs_batch",
+            "batch_id",
+            "status",
+            postgresql_where=text("batch_id IS NOT NULL"),
+            sqlite_where=text("batch_id IS NOT NULL"),
+        ),
         # The relay's scan for rows whose publish did not happen.
         Index(
             "ix_jobs_unpublished",
@@ -190,7 +202,8 @@ class Job(Base):
     publish_priority: Mapped[int] = mapped_column(SmallInteger, default=5, server_default=text("5"))
     # The normalized request, including the seed actually used.
     input: Mapped[dict[str, Any]] = mapped_column(JSONType)
-    # steps x images: what the queue-time estimate charges for this job.
+    # steps x images; the queue-time estimate and the backlog charge it at the job's
+    # size (app/jobs/queue_info.py: a unit is one step of one 512 x 512 image).
     work_units: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
     client_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONType)
     progress: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
@@ -237,6 +250,23 @@ class Job(Base):
     replay_of: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     # How the images were made: weights digest, scheduler, seed, dtype, device, versions.
     manifest: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    # A job of a batch (POST /v1/batches): the batch, and the client's id of its line.
+    batch_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    custom_id: Mapped[str | None] = mapped_column(String(256))
+    # The weights the job runs on beyond its model: SHA-256 of its adapters' digests and
+    # scales ("" for none; app/kinds `JobRequest.adapter_set`). A batch shares one set;
+    # a worker prefers a waiting job whose set it holds warm (docs/fair-share.md).
+    adapter_set: Mapped[str] = mapped_column(String(64), default="", server_default=text("''"))
+    # Times this job, the fair choice, was passed over for a job whose weights the
+    # worker held warm (at most DIFFQ_WARM_MAX_SKIPS).
+    warm_skips: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+
+    @property
+    def request(self) -> JobRequest:
+        """The typed request (app/kinds) that `input` stores."""
+        from app.kinds import request_from_stored
+
+        return request_from_stored(self.input or {})
 
 
 class ModelDigest(Base):
@@ -265,7 +295,11 @@ class WebhookEvent(Base):
     )
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid7)
-    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    # A job's event, or (job_id null) a batch's (`batch.completed`, …).
+    job_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    batch_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("batches.id", ondelete="CASCADE"), index=True
+    )
     type: Mapped[str] = mapped_column(String(40))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     # The body, frozen at the first attempt so that every retry sends the same bytes.
@@ -305,6 +339,17 @@ class RequestCount(Base):
     count: Mapped[int] = mapped_column(Integer, default=0)
 
 
+class UsedTicket(Base):
+    """A WebSocket ticket already spent (app/web/tickets.py): a ticket opens one socket,
+    on whichever API process it is presented. Kept until the ticket expires."""
+
+    __tablename__ = "used_tickets"
+    __table_args__ = (Index("ix_used_tickets_expires_at", "expires_at"),)
+
+    ticket_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 class SubmitReservation(Base):
     """A submit in progress: a slot under its tenant's queued cap, taken in a short
     transaction before the job's own and released by the job's commit. One older than
@@ -336,3 +381,122 @@ class DailyUsage(Base):
     gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     jobs: Mapped[int] = mapped_column(Integer, default=0)
     images: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Upload(Base):
+    """An input image a tenant stored (`POST /v1/uploads`, or a `data:` URI in a job),
+    decoded and checked at upload and kept as PNG under the tenant's prefix, addressed by
+    the SHA-256 of that PNG: the same image uploaded twice is one object and one row (its
+    expiry moved on). Jobs name its digest; the object stays while an unexpired upload
+    or a job whose results are kept names it (app/housekeeping/retention.py)."""
+
+    __tablename__ = "uploads"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "sha256", name="uq_uploads_tenant_id_sha256"),
+        Index("ix_uploads_expires_at", "expires_at"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid7)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    sha256: Mapped[str] = mapped_column(String(64))
+    width: Mapped[int] = mapped_column(Integer)
+    height: Mapped[int] = mapped_column(Integer)
+    bytes: Mapped[int] = mapped_column(Integer)
+    # The stored PNG's mode: RGB, RGBA (the upload had transparency) or L (a mask).
+    mode: Mapped[str] = mapped_column(String(8))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Adapter(Base):
+    """A LoRA adapter a tenant stored (`POST /v1/adapters`), checked at upload for its
+    base model's family (app/adapters.py) and kept as safetensors under the tenant's
+    prefix, addressed by its SHA-256. Jobs name it by id; their request keeps the digest."""
+
+    __tablename__ = "adapters"
+    __table_args__ = (UniqueConstraint("tenant_id", "sha256", name="uq_adapters_tenant_id_sha256"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid7)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    sha256: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str | None] = mapped_column(String(200))
+    # The model it was checked for, and that model's family (app/adapters.py FAMILIES).
+    model: Mapped[str] = mapped_column(String(100))
+    family: Mapped[str] = mapped_column(String(40))
+    bytes: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    layers: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class Batch(Base):
+    """Many jobs submitted as one (POST /v1/batches): one status with counts, one cancel,
+    one completion webhook, an optional completion window and result files. Its jobs are
+    ordinary jobs carrying `batch_id` and their line's `custom_id` (app/batches)."""
+
+    __tablename__ = "batches"
+    __table_args__ = (
+        Index("ix_batches_tenant_id_id", "tenant_id", "id"),
+        Index("uq_batches_tenant_id_idempotency_key", "tenant_id", "idempotency_key", unique=True),
+        # The relay's scan: batches not ended yet.
+        Index(
+            "ix_batches_open",
+            "id",
+            postgresql_where=text("finished_at IS NULL"),
+            sqlite_where=text("finished_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid7)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    # validating (lines being stored) -> in_progress -> completed | expired;
+    # cancelling -> cancelled | failed. "finalizing" is shown, not stored (app/batches).
+    status: Mapped[str] = mapped_column(String(16))
+    # What each line is: "/v1/jobs" (a job request) or an OpenAI endpoint's request.
+    endpoint: Mapped[str] = mapped_column(String(64))
+    input_file_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    completion_window: Mapped[str | None] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    in_progress_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Past it, the batch's jobs not started yet end canceled/expired.
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finalizing_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    total: Mapped[int] = mapped_column(Integer)  # lines, refused ones included
+    invalid: Mapped[int] = mapped_column(Integer, default=0)  # refused lines (no job)
+    expired: Mapped[int] = mapped_column(Integer, default=0)  # jobs ended by the window
+    # Counts per outcome, frozen when the batch ended (read from its jobs before).
+    counts: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    output_file_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    error_file_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    # Why the batch failed: OpenAI's {"object": "list", "data": [{code, message, line}]}.
+    errors: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    # Lines refused one by one (an OpenAI input file's): [{line, custom_id, status, error}].
+    invalid_lines: Mapped[list[Any] | None] = mapped_column(JSONType, deferred=True)
+    # custom_ids of OpenAI lines that asked for `response_format: b64_json`.
+    b64_json: Mapped[list[str] | None] = mapped_column(JSONType, deferred=True)
+    client_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONType)
+    webhook_url: Mapped[str | None] = mapped_column(Text)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+
+
+class BatchFile(Base):
+    """A file of the Files API: a batch's input a tenant uploaded (kept in the result
+    store), or a batch's output or error file (rendered from its jobs when read)."""
+
+    __tablename__ = "files"
+    __table_args__ = (Index("ix_files_tenant_id_id", "tenant_id", "id"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid7)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    purpose: Mapped[str] = mapped_column(String(32))  # batch | batch_output | batch_error
+    filename: Mapped[str] = mapped_column(String(255))
+    bytes: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    storage_key: Mapped[str | None] = mapped_column(Text)  # an upload's object
+    batch_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)  # an output's batch

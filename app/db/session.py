@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import math
 import select
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg2
 from psycopg2.extensions import TRANSACTION_STATUS_IDLE
@@ -58,9 +61,32 @@ def _check_alive(dialect, dbapi_conn, record) -> None:
         raise DisconnectionError("the server has ended the connection")
 
 
+def portable_json(value: Any, default: Any = None) -> str:
+    """JSON that every store takes: PostgreSQL's JSON types refuse the `Infinity`, and
+    `NaN` Python writes for non-finite floats (a scheduler's configuration holds
+    `-inf`), so those are written as the strings "Infinity", "-Infinity" and "NaN"."""
+    return json.dumps(_finite(value), default=default)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
 def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 10},
+            json_serializer=portable_json,
+        )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     engine = create_engine(
@@ -68,6 +94,7 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_recycle=1800,
+        json_serializer=portable_json,
         # Fail fast when the server is away, and never let one statement hang a worker.
         connect_args={"connect_timeout": 5, "options": "-c statement_timeout=15000"},
     )

@@ -48,6 +48,7 @@ def purge_finished_jobs(
                     Job.status.in_(TERMINAL),
                     Job.finished_at < cutoff,
                     or_(Job.status != JobStatus.SUCCEEDED, Job.data_removed_at.is_not(None)),
+                    Job.batch_id.is_(None),  # a batch's jobs go with it (app/batches)
                 )
                 .order_by(Job.finished_at)
                 .limit(batch)

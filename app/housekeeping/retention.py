@@ -1,18 +1,22 @@
 """Result retention: past DIFFQ_RESULT_RETENTION, a job's images are deleted from the
-store and its result cleared; the job itself stays, marked `data_removed`."""
+store and its result cleared; the job itself stays, marked `data_removed`. An input image
+goes once its upload has expired and no job that may still run, or whose results are
+kept, names it."""
 
 from __future__ import annotations
 
 import logging
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 
-from app.db.models import Job
+from app import uploads
+from app.db.models import Job, Upload
 from app.db.session import Database
 from app.db.types import utcnow
 from app.jobs import transitions
 from app.jobs.states import JobStatus
+from app.kinds import KINDS
 from app.storage import Storage, StorageError
 
 log = logging.getLogger(__name__)
@@ -68,3 +72,57 @@ def remove_expired_results(
     if removed:
         log.info("retention: removed the images of %d job(s)", removed)
     return removed
+
+
+def remove_unused_inputs(
+    db: Database, storage: Storage, *, retention_seconds: float, limit: int = 100
+) -> int:
+    """Expired uploads' images, once no job needs them: not one still queued or running,
+    nor one whose results are kept. An expired upload a job still needs is held for the
+    job's retention again (a submit already holds it so; this is the safety net)."""
+    now = utcnow()
+    with db.session() as session:
+        expired = list(
+            session.scalars(
+                select(Upload)
+                .where(Upload.expires_at < now)
+                .order_by(Upload.expires_at)
+                .limit(limit)
+            )
+        )
+    removed = 0
+    for upload in expired:
+        with db.session() as session:
+            row = session.get(Upload, upload.id)
+            if row is None:
+                continue
+            if _needed(session, row):
+                uploads.hold(row, retention_seconds or 0)
+                session.commit()
+                continue
+            try:
+                storage.delete(uploads.input_key(row.tenant_id, row.sha256))
+            except StorageError as exc:
+                log.warning("retention: input %s not deleted yet (%s)", row.sha256[:12], exc)
+                continue
+            session.delete(row)
+            session.commit()
+            removed += 1
+    if removed:
+        log.info("retention: removed %d unused input image(s)", removed)
+    return removed
+
+
+def _needed(session, row: Upload) -> bool:
+    """Whether a job of the tenant that may still run, or whose results are kept, names
+    the image in one of its input fields."""
+    fields = sorted({name for kind in KINDS.values() for name in kind.image_fields})
+    named = or_(*(Job.input[name].as_string() == row.sha256 for name in fields))
+    live = or_(
+        Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]),
+        and_(Job.status == JobStatus.SUCCEEDED, Job.data_removed_at.is_(None)),
+    )
+    found = session.scalar(
+        select(Job.id).where(Job.tenant_id == row.tenant_id, named, live).limit(1)
+    )
+    return found is not None

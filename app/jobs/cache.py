@@ -1,10 +1,12 @@
 """The result cache: a seeded request equal to an earlier succeeded one of the same tenant,
 on the same weights, gets that job's images at once, as a new job marked `cached`.
 
-The key is SHA-256 over the weights' digest (ModelDigest, written by the workers that
-loaded the model) and the normalized input without `priority`. The API sets a provisional
-key at submit; the worker that runs the job writes the key from its own digest, so a
-result made on other weights never answers for these. The images stay the source job's:
+The key is SHA-256 over the model's digest (ModelDigest, written by the workers that
+loaded the model: its files, a separate VAE's, dtype, variant, safety checker) and the
+request's fields that shape the images
+(app/kinds `JobRequest.cache_fields`). The API sets a provisional key at submit; the
+worker that runs the job writes the key from its own digest, so a result made on other
+weights never answers for these. The images stay the source job's:
 when retention removes them, its cached copies are marked removed too.
 """
 
@@ -13,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -22,14 +23,21 @@ from app.db.models import Job, ModelDigest
 from app.db.types import utcnow
 from app.jobs import transitions
 from app.jobs.states import JobStatus
+from app.kinds import JobRequest
+from app.rules import SCHEDULERS
 
-# Inputs that do not change the images.
-_NOT_IN_KEY = ("priority",)
 
-
-def cache_key(weights_digest: str, params: dict[str, Any]) -> str:
-    shown = {k: v for k, v in sorted(params.items()) if k not in _NOT_IN_KEY}
-    canonical = json.dumps([weights_digest, shown], sort_keys=True, separators=(",", ":"))
+def cache_key(model_digest: str, request: JobRequest) -> str:
+    """`model_digest`: all that the loaded model fixes (workers/manifest.py); the request's
+    fields that shape the images (app/kinds), and what its scheduler's name stands for
+    (the class and options of app/rules.py's table: a release that changes them changes
+    the images)."""
+    scheduler = SCHEDULERS.get(request.scheduler)
+    shown = {
+        **request.cache_fields(),
+        "scheduler_is": [scheduler.class_name, scheduler.options] if scheduler else None,
+    }
+    canonical = json.dumps([model_digest, shown], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -72,7 +80,7 @@ def serve_from_cache(session: Session, job: Job, source: Job) -> None:
 
     Goes through the usual transition, so watchers, SSE and webhooks see it finish.
     """
-    now = utcnow()
+    now, steps = utcnow(), job.request.denoise_steps
     transitions.change(
         session,
         job.id,
@@ -81,7 +89,7 @@ def serve_from_cache(session: Session, job: Job, source: Job) -> None:
         result={"images": list((source.result or {}).get("images", []))},
         manifest=source.manifest,
         cached_from=source.cached_from or source.id,
-        progress=transitions.progress_of("done", job.input["steps"], job.input["steps"]),
+        progress=transitions.progress_of("done", steps, steps),
         started_at=now,
         finished_at=now,
         published_at=now,  # nothing for the relay to publish

@@ -1,8 +1,8 @@
 """How long a job of a given size would take on a model, asked before it is submitted.
 
-The queue's ETA (app/jobs/queue_info.py) charges steps x images; a form that offers
-sizes from 64 to 1024 pixels a side needs the size too. Here one unit of work is one
-denoising step of one 512 x 512 image, so a 1024 x 1024 step is four units: with a VAE
+One unit of work is one denoising step of one 512 x 512 image (app/kinds `JobRequest.work`;
+the queue's ETA, app/jobs/queue_info.py, counts in the same unit), so a 1024 x 1024 step
+is four units and an img2img job at strength 0.5 half its steps: with a VAE
 that downsamples by 8 (every Stable Diffusion VAE), the work grows with the pixels. The
 same fit (fixed + per unit) is made to the model's recent successes.
 """
@@ -19,17 +19,15 @@ from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs.queue_info import RECENT_JOBS, CostModel, fit
 from app.jobs.states import JobStatus
+from app.kinds import JobRequest, request_from_stored
 
-REFERENCE_PIXELS = 512 * 512
 # Queued jobs read to price the queue; beyond this the rest are priced at their mean.
 QUEUE_SAMPLE = 500
 
 
-def work(params: dict[str, Any]) -> float:
-    """Units of work in a normalized request: steps x images x (pixels / 512^2)."""
-    pixels = int(params.get("width", 512)) * int(params.get("height", 512))
-    count = max(1, int(params.get("steps", 1))) * max(1, int(params.get("num_images", 1)))
-    return count * pixels / REFERENCE_PIXELS
+def work(stored: dict[str, Any] | None) -> float:
+    """Units of work of a stored request (app/kinds `JobRequest.work`)."""
+    return request_from_stored(stored or {}).work
 
 
 @dataclass(frozen=True)
@@ -49,14 +47,14 @@ def size_cost_model(session: Session, model: str) -> tuple[CostModel | None, int
         .limit(RECENT_JOBS)
     ).all()
     samples = [
-        (work(params or {}), (finished - started).total_seconds())
+        (work(params), (finished - started).total_seconds())
         for params, started, finished in rows
         if started and finished
     ]
     return fit(samples), len(samples)
 
 
-def _left(cost: CostModel, params: dict, progress: dict | None, elapsed: float) -> float:
+def _left(cost: CostModel, params: dict | None, progress: dict | None, elapsed: float) -> float:
     """A running job's time left: its own pace once it is denoising, else the fit."""
     progress = progress or {}
     step, total = progress.get("step", 0), progress.get("total_steps", 0)
@@ -65,7 +63,7 @@ def _left(cost: CostModel, params: dict, progress: dict | None, elapsed: float) 
     return max(0.0, cost.seconds(work(params)) - elapsed)
 
 
-def estimate(session: Session, model: str, queue: str, params: dict[str, Any]) -> Estimate:
+def estimate(session: Session, model: str, queue: str, request: JobRequest) -> Estimate:
     cost, samples = size_cost_model(session, model)
     queued_inputs = (
         session.execute(
@@ -88,17 +86,17 @@ def estimate(session: Session, model: str, queue: str, params: dict[str, Any]) -
     ).all()
     if cost is None:
         return Estimate(None, None, queued, len(running), samples)
-    seen = [cost.seconds(work(params or {})) for params in queued_inputs]
+    seen = [cost.seconds(work(params)) for params in queued_inputs]
     waiting = sum(seen) + (queued - len(seen)) * (sum(seen) / len(seen) if seen else 0.0)
     now = utcnow()
     left = sum(
-        _left(cost, params or {}, progress, (now - started).total_seconds())
+        _left(cost, params, progress, (now - started).total_seconds())
         for params, started, progress in running
         if started
     )
     workers = max(1, len(running))
     return Estimate(
-        run_seconds=round(cost.seconds(work(params)), 1),
+        run_seconds=round(cost.seconds(request.work), 1),
         queue_seconds=round((waiting + left) / workers, 1),
         queued=queued,
         running=len(running),

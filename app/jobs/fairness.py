@@ -9,6 +9,14 @@ queued and the other job's message, still in the queue, becomes its permit: the 
 of messages never falls below the count of queued jobs, so nothing waits without one.
 The run records which message started it (`permit_id`), so that a redelivery of that
 message (its worker died) takes the run over, as it would its own job.
+
+Warmth (`Warmth`): a worker that holds some jobs' weights (their model loaded, their
+adapters in memory; failing that, their model) may start such a job instead of a colder
+fair choice, within two bounds: the warm job's tenant is at most `share_slack`
+weighted GPU-seconds ahead of the fairest, and the fair choice is passed over at most
+`max_skips` times (counted on its row), after which it starts on the next message of
+its priority. Priority is never bent: warmth chooses only among jobs of the message's
+priority.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, func, or_, select
+from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import Job, Tenant
@@ -73,6 +81,37 @@ def shares(
     return {t: Share(t, max(1e-6, float(weights.get(t) or 1.0)), used[t]) for t in tenants}
 
 
+@dataclass(frozen=True)
+class Warmth:
+    """What a worker holds warm, and how far that may bend the fair choice."""
+
+    models: tuple[str, ...]  # models loaded
+    adapter_sets: tuple[str, ...]  # adapter sets whose adapters it holds ("" included)
+    max_skips: int  # times a cold fair choice may be passed over (0: warmth ignored)
+    share_slack: float  # weighted GPU-seconds the warm tenant may be ahead
+
+    def level(self, job: Job) -> int:
+        """2: its model and adapters are held; 1: its model only; 0: neither."""
+        if job.model not in self.models:
+            return 0
+        return 2 if (job.adapter_set or "") in self.adapter_sets else 1
+
+    def tiers(self, above: int) -> list[ColumnElement[bool]]:
+        """SQL for the jobs warmer than `above`, warmest first."""
+        model = Job.model.in_(self.models)
+        tiers = [and_(model, Job.adapter_set.in_(self.adapter_sets)), model]
+        return tiers[: 2 - above]
+
+
+def _heads(session: Session, condition: ColumnElement[bool]) -> dict[uuid.UUID, uuid.UUID]:
+    """Each tenant's oldest job among those `condition` selects."""
+    rank = func.row_number().over(partition_by=Job.tenant_id, order_by=Job.id).label("rank")
+    waiting = select(Job.tenant_id, Job.id, rank).where(condition).subquery()
+    return dict(
+        session.execute(select(waiting.c.tenant_id, waiting.c.id).where(waiting.c.rank == 1)).all()
+    )
+
+
 def fairest(
     session: Session,
     queue: str,
@@ -81,18 +120,16 @@ def fairest(
     window: float,
     prefer: uuid.UUID | None = None,
     where: ColumnElement[bool] | None = None,
+    warmth: Warmth | None = None,
 ) -> Job | None:
     """The oldest waiting job (at `priority`) of the tenant with the least weighted recent
     GPU time; ties go to the `prefer` tenant, then to the oldest job. `where` narrows the
-    waiting jobs (a batch: those that may share its pipeline call, workers/batch.py)."""
-    rank = func.row_number().over(partition_by=Job.tenant_id, order_by=Job.id).label("rank")
+    waiting jobs (a batch: those that may share its pipeline call, workers/batch.py).
+    With `warmth`, a warm job may go first within its bounds (`Warmth`)."""
     condition = _waiting(queue, priority, now)
     if where is not None:
         condition = and_(condition, where)
-    waiting = select(Job.tenant_id, Job.id, rank).where(condition).subquery()
-    heads = dict(
-        session.execute(select(waiting.c.tenant_id, waiting.c.id).where(waiting.c.rank == 1)).all()
-    )
+    heads = _heads(session, condition)
     if not heads:
         return None
     loads = shares(session, queue, list(heads), now, window)
@@ -100,10 +137,34 @@ def fairest(
         loads.values(),
         key=lambda share: (share.load, share.tenant_id != prefer, heads[share.tenant_id]),
     )
-    return session.get(Job, heads[best.tenant_id])
+    chosen = session.get(Job, heads[best.tenant_id])
+    if warmth is None or warmth.max_skips <= 0 or chosen is None:
+        return chosen
+    if chosen.warm_skips >= warmth.max_skips:
+        return chosen  # passed over enough: it starts now, warm or not
+    for tier in warmth.tiers(above=warmth.level(chosen)):  # its weights held, then its model
+        warm_heads = _heads(session, and_(condition, tier))
+        if not warm_heads:
+            continue
+        warm_loads = shares(session, queue, list(warm_heads), now, window)
+        near = [s for s in warm_loads.values() if s.load <= best.load + warmth.share_slack]
+        if not near:
+            continue
+        pick = min(near, key=lambda share: (share.load, warm_heads[share.tenant_id]))
+        # Counted where the claim commits: a claim that loses its race still counts,
+        # which only shortens the cold job's wait.
+        session.execute(
+            update(Job)
+            .where(Job.id == chosen.id, Job.status == JobStatus.QUEUED)
+            .values(warm_skips=Job.warm_skips + 1)
+        )
+        return session.get(Job, warm_heads[pick.tenant_id])
+    return chosen
 
 
-def choose(session: Session, job: Job, now: datetime, window: float) -> uuid.UUID | None:
+def choose(
+    session: Session, job: Job, now: datetime, window: float, warmth: Warmth | None = None
+) -> uuid.UUID | None:
     """The job that the message of `job` should start.
 
     The oldest waiting job, at the message's priority, of the tenant with the smallest
@@ -113,10 +174,12 @@ def choose(session: Session, job: Job, now: datetime, window: float) -> uuid.UUI
     permit: it starts the fairest waiting job, or nothing (None) when none waits.
     """
     if job.status == JobStatus.QUEUED and job.published_at is not None:
-        best = fairest(session, job.queue, job.publish_priority, now, window, job.tenant_id)
+        best = fairest(
+            session, job.queue, job.publish_priority, now, window, job.tenant_id, warmth=warmth
+        )
         return job.id if best is None else best.id
     if job.permit_id is not None:
-        best = fairest(session, job.queue, job.publish_priority, now, window)
+        best = fairest(session, job.queue, job.publish_priority, now, window, warmth=warmth)
         return best.id if best is not None else None
     return job.id
 

@@ -1,15 +1,19 @@
 """Where a queued job stands: its position, and an estimate of when it will start.
 
-The estimate fits run time = fixed + per-unit cost (a unit is one step of one image) to
-the model's recent successes, charges it for every job ahead and for what the running
-jobs have left, and divides by the number of jobs running. It is an estimate, and the
-API documents it as one.
+The estimate fits run time = fixed + per-unit cost to the model's recent successes,
+charges it for every job ahead and for what the running jobs have left, and divides by
+the number of jobs running. A unit is one denoising step of one 512 x 512 image: work
+grows with steps x images x pixels (a VAE that downsamples by 8, as every Stable
+Diffusion VAE does, makes the latents, and so each step, scale with the pixels). With
+steps alone, one finished 64 x 64 job made a 512 x 512 one look 64 times cheaper than it
+was. It is an estimate, and the API documents it as one.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
@@ -18,8 +22,31 @@ from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs import fairness
 from app.jobs.states import JobStatus
+from app.kinds import request_from_stored
+from app.kinds.base import REFERENCE_PIXELS
 
 RECENT_JOBS = 20
+SIZE_SAMPLE = 200  # queued jobs read for their mean image size
+
+
+def work(stored: dict[str, Any] | None) -> float:
+    """Units of work of a stored request, as its job kind counts them (`JobRequest.work`):
+    steps x images x (pixels / 512^2)."""
+    return request_from_stored(stored or {}).work
+
+
+def size(stored: dict[str, Any] | None) -> float:
+    """One step of one image of a stored request, in units: its pixels / 512^2."""
+    request = request_from_stored(stored or {})
+    return request.width * request.height / REFERENCE_PIXELS
+
+
+def mean_size(session: Session, *where: Any) -> float:
+    """The mean `size` of (up to SIZE_SAMPLE of) the jobs matching `where`: the cost in
+    units of one step of one of their images, where only their `work_units` (steps x
+    images) are summed in SQL. 1.0 when none matches."""
+    inputs = session.scalars(select(Job.input).where(*where).limit(SIZE_SAMPLE)).all()
+    return statistics.fmean(size(stored) for stored in inputs) if inputs else 1.0
 
 
 @dataclass(frozen=True)
@@ -35,11 +62,11 @@ class CostModel:
     fixed: float
     per_unit: float
 
-    def seconds(self, units: int) -> float:
+    def seconds(self, units: float) -> float:
         return self.fixed + self.per_unit * units
 
 
-def fit(samples: list[tuple[int, float]]) -> CostModel | None:
+def fit(samples: list[tuple[float, float]]) -> CostModel | None:
     """Least squares when the recent jobs differ in size; otherwise a plain ratio."""
     if not samples:
         return None
@@ -56,21 +83,21 @@ def fit(samples: list[tuple[int, float]]) -> CostModel | None:
 
 def cost_model(session: Session, model: str) -> CostModel | None:
     rows = session.execute(
-        select(Job.work_units, Job.started_at, Job.finished_at)
+        select(Job.input, Job.started_at, Job.finished_at)
         .where(Job.model == model, Job.status == JobStatus.SUCCEEDED)
         .order_by(Job.finished_at.desc())
         .limit(RECENT_JOBS)
     ).all()
     return fit(
         [
-            (units, (finished - started).total_seconds())
-            for units, started, finished in rows
+            (work(params), (finished - started).total_seconds())
+            for params, started, finished in rows
             if started and finished
         ]
     )
 
 
-def _remaining(cost: CostModel, units: int, progress: dict | None, elapsed: float) -> float:
+def _remaining(cost: CostModel, units: float, progress: dict | None, elapsed: float) -> float:
     """A running job's time left: from its own pace once it is denoising, else the model."""
     progress = progress or {}
     step, total = progress.get("step", 0), progress.get("total_steps", 0)
@@ -94,17 +121,20 @@ def queue_info(session: Session, job: Job, fair_window: float | None = None) -> 
     if cost is None:
         return QueueInfo(position, None)
     running = session.execute(
-        select(Job.started_at, Job.work_units, Job.progress).where(
+        select(Job.started_at, Job.input, Job.progress).where(
             Job.queue == job.queue, Job.status == JobStatus.RUNNING
         )
     ).all()
     now = utcnow()
     remaining = sum(
-        _remaining(cost, units, progress, (now - started).total_seconds())
-        for started, units, progress in running
+        _remaining(cost, work(params), progress, (now - started).total_seconds())
+        for started, params, progress in running
         if started
     )
-    waiting = position * cost.fixed + units_ahead * cost.per_unit
+    # The positions count steps x images; the jobs queued on it say how large each is.
+    queued = (Job.queue == job.queue, Job.status == JobStatus.QUEUED)
+    each = mean_size(session, *queued) if units_ahead else 1.0
+    waiting = position * cost.fixed + units_ahead * each * cost.per_unit
     # Jobs running now are the best count of workers on this queue (at least one).
     workers = max(1, len(running))
     return QueueInfo(position, round((waiting + remaining) / workers, 1))

@@ -13,6 +13,7 @@ from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs.states import JobStatus, Priority
 from app.jobs.transitions import progress_of, relaxed_commit
+from app.kinds import JobRequest
 
 
 def create_job(
@@ -22,7 +23,7 @@ def create_job(
     model: str,
     queue: str,
     priority: Priority,
-    params: dict[str, Any],
+    request: JobRequest,
     metadata: dict[str, Any] | None,
     deadline_seconds: int | None = None,
     idempotency_key: str | None = None,
@@ -31,6 +32,8 @@ def create_job(
     webhook_events: list[str] | None = None,
     admitted: bool = True,
 ) -> Job:
+    """A queued job row for `request` (tests, benchmarks, tools; the API submits
+    through app/jobs/submit.py)."""
     now = utcnow()
     job = Job(
         created_at=now,
@@ -39,11 +42,12 @@ def create_job(
         model=model,
         queue=queue,
         priority=priority,
-        input=params,
-        work_units=max(1, int(params.get("steps", 1))) * max(1, int(params.get("num_images", 1))),
+        input=request.stored(),
+        work_units=request.work_units,
+        adapter_set=request.adapter_set,
         client_metadata=metadata,
         publish_priority=priority.amqp,
-        progress=progress_of("queued", 0, params.get("steps", 0)),
+        progress=progress_of("queued", 0, request.denoise_steps),
         attempts=0,
         deadline_at=now + timedelta(seconds=deadline_seconds) if deadline_seconds else None,
         idempotency_key=idempotency_key,
@@ -115,10 +119,10 @@ def unpublished_job_ids(
 
 
 def expired_job_ids(session: Session, limit: int = 500) -> list[uuid.UUID]:
-    """Queued jobs whose cancel_after deadline has passed."""
+    """Queued and running jobs whose cancel_after deadline has passed."""
     query = (
         select(Job.id)
-        .where(Job.status == JobStatus.QUEUED, Job.deadline_at <= utcnow())
+        .where(Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]), Job.deadline_at <= utcnow())
         .limit(limit)
     )
     return list(session.scalars(query))

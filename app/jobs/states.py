@@ -33,9 +33,12 @@ class ErrorCode(StrEnum):
     DEAD_LETTERED = "dead_lettered"
     INTERNAL = "internal_error"
     CONTENT_FILTERED = "content_filtered"  # the model's safety checker blacked every image
+    # The database refused the outcome's content (a value it cannot store): never retried.
+    OUTCOME_REFUSED = "outcome_refused"
     # Why a job ended canceled:
     CANCELED = "canceled"  # the client asked
     DEADLINE = "deadline"  # not started before its cancel_after
+    EXPIRED = "expired"  # not started within its batch's completion window
 
 
 class Priority(StrEnum):

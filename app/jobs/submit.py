@@ -17,7 +17,6 @@ docs/submit.md says why.
 from __future__ import annotations
 
 import functools
-import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,12 +32,13 @@ from app import usage
 from app.broker.publish import Publisher, mark_published_soon
 from app.catalog import ModelSpec
 from app.db.models import Job
-from app.db.session import execute_alone
+from app.db.session import execute_alone, portable_json
 from app.db.types import utcnow
 from app.ids import uuid7
 from app.jobs import cache, service
 from app.jobs.states import JobStatus, Priority
 from app.jobs.transitions import progress_of
+from app.kinds import JobRequest
 from app.limits import (
     admit_new,
     lock_tenant,
@@ -53,11 +53,12 @@ _UNSET = dict.fromkeys(attr.key for attr in inspect(Job).column_attrs)
 
 
 @dataclass(frozen=True)
-class JobRequest:
-    """A validated request: the model's entry and the normalized parameters."""
+class Submission:
+    """A validated request: the model's entry, the typed request (app/kinds) and what the
+    submit itself is asked (metadata, deadline, webhook, cache, idempotency)."""
 
     spec: ModelSpec
-    params: dict[str, Any]
+    request: JobRequest
     metadata: dict[str, Any] | None = None
     cancel_after: int | None = None  # seconds
     webhook: str | None = None
@@ -96,7 +97,7 @@ def submit_job(
     session: Session,
     publisher: Publisher,
     tenant_id: uuid.UUID,
-    request: JobRequest,
+    submission: Submission,
     caps: Caps,
     *,
     release: Callable[[], None] | None = None,
@@ -105,20 +106,20 @@ def submit_job(
     if given, is called once the session is no longer needed, before the publish (the
     API hands its connection back to the pool rather than hold it through the broker's
     confirm)."""
-    key = request.idempotency_key
+    key = submission.idempotency_key
     if key:
         existing = service.find_by_idempotency_key(session, tenant_id, key)
         if existing is not None:
-            return _replayed(existing, request)
+            return _replayed(existing, submission)
     cache_key = source = None
-    if request.seeded:
-        digest = cache.model_digest(session, request.spec.name)
-        cache_key = cache.cache_key(digest, request.params) if digest else None
-        if cache_key and request.cache and request.replay_of is None:
+    if submission.seeded:
+        digest = cache.model_digest(session, submission.spec.name)
+        cache_key = cache.cache_key(digest, submission.request) if digest else None
+        if cache_key and submission.cache and submission.replay_of is None:
             source = cache.find_cached(session, tenant_id, cache_key)
     if source is None:  # a cache hit costs no GPU time and queues nothing
         _check_quota(session, tenant_id, caps.daily_gpu_seconds)
-    values = _job_values(tenant_id, request, cache_key)
+    values = _job_values(tenant_id, submission, cache_key)
     engine = session.get_bind().engine
     try:
         if source is not None:
@@ -133,7 +134,7 @@ def submit_job(
         existing = service.find_by_idempotency_key(session, tenant_id, key) if key else None
         if existing is None:
             raise
-        return _replayed(existing, request)
+        return _replayed(existing, submission)
     except Refused:
         raise  # nothing stored, nothing reserved
     except Exception:
@@ -145,7 +146,7 @@ def submit_job(
     JOBS_SUBMITTED.labels(job.model).inc()
     if source is not None:
         CACHE_HITS.labels(job.model).inc()
-    elif job.admitted_at is not None and publisher.publish(job, request.spec):
+    elif job.admitted_at is not None and publisher.publish(job, submission.spec):
         # Committed first: a publish that fails leaves a durable row for the relay.
         mark_published_soon(engine, job.id)
     return Submitted(job)
@@ -162,11 +163,11 @@ def _release_after_failure(session: Session, job_id: uuid.UUID, caps: Caps) -> N
         session.rollback()
 
 
-def _replayed(job: Job, request: JobRequest) -> Submitted:
-    if job.request_hash != request.body_hash:
+def _replayed(job: Job, submission: Submission) -> Submitted:
+    if job.request_hash != submission.body_hash:
         raise Refused(
             409,
-            f"Idempotency-Key {request.idempotency_key!r} was already used with a different "
+            f"Idempotency-Key {submission.idempotency_key!r} was already used with a different "
             "request body.",
         )
     return Submitted(job, replayed=True)
@@ -183,36 +184,37 @@ def _check_quota(session: Session, tenant_id: uuid.UUID, limit: float | None) ->
         )
 
 
-def _job_values(tenant_id: uuid.UUID, request: JobRequest, cache_key: str | None) -> dict:
-    params, now = request.params, utcnow()
-    priority = Priority(params["priority"])
-    steps = params.get("steps", 0)
+def _job_values(tenant_id: uuid.UUID, submission: Submission, cache_key: str | None) -> dict:
+    request, now = submission.request, utcnow()
+    priority = Priority(request.priority)
     return {
         "id": uuid7(),
         "created_at": now,
         "updated_at": now,
         "tenant_id": tenant_id,
         "status": JobStatus.QUEUED,
-        "model": request.spec.name,
-        "queue": request.spec.queue_for(params["priority"]),
+        "model": submission.spec.name,
+        "queue": submission.spec.queue_for(priority),
         "priority": priority,
         "publish_priority": priority.amqp,
-        "input": params,
-        "work_units": max(1, int(steps or 1)) * max(1, int(params.get("num_images", 1))),
-        "client_metadata": request.metadata,
-        "progress": progress_of("queued", 0, steps),
+        "input": request.stored(),
+        "work_units": request.work_units,
+        "adapter_set": request.adapter_set,
+        "warm_skips": 0,
+        "client_metadata": submission.metadata,
+        "progress": progress_of("queued", 0, request.denoise_steps),
         "attempts": 0,
         "version": 0,
-        "deadline_at": now + timedelta(seconds=request.cancel_after)
-        if request.cancel_after
+        "deadline_at": now + timedelta(seconds=submission.cancel_after)
+        if submission.cancel_after
         else None,
-        "idempotency_key": request.idempotency_key,
-        "request_hash": request.body_hash,
-        "webhook_url": request.webhook,
-        "webhook_events": request.webhook_events,
+        "idempotency_key": submission.idempotency_key,
+        "request_hash": submission.body_hash,
+        "webhook_url": submission.webhook,
+        "webhook_events": submission.webhook_events,
         "admitted_at": now,
         "cache_key": cache_key,
-        "replay_of": request.replay_of,
+        "replay_of": submission.replay_of,
     }
 
 
@@ -251,7 +253,7 @@ def _store_releasing(session: Session, values: dict, *, reserved: bool) -> None:
     row = _row(values)
     if session.get_bind().dialect.name == "postgresql":
         sql = _insert_sql(tuple(row), reserved)
-        params = {"row": json.dumps(row, default=_json_value), "released": str(values["id"])}
+        params = {"row": portable_json(row, _json_value), "released": str(values["id"])}
         try:
             execute_alone(session, sql, params)
         except DBAPIError as lost:
@@ -324,3 +326,11 @@ def _serve_from_cache(session: Session, values: dict, source: Job) -> Job:
     session.flush()
     cache.serve_from_cache(session, job, source)
     return job
+
+
+# What a batch's bulk ingest (app/batches/ingest.py) shares with a single submit: a
+# queued job's values, the daily quota's check, the row and its JSON values.
+job_values = _job_values
+check_quota = _check_quota
+row_of = _row
+json_value = _json_value

@@ -120,7 +120,7 @@ def claim_job(
         started_at=func.coalesce(Job.started_at, now),
         lease_owner=owner,
         lease_expires_at=now + timedelta(seconds=lease_seconds),
-        progress=progress_of("loading", 0, job.input.get("steps", 0)),
+        progress=progress_of("loading", 0, job.request.denoise_steps),
         permit_id=permit_id,
     )
     if not claimed:
@@ -256,17 +256,35 @@ def cancel_job(session: Session, job: Job, *, code: ErrorCode, message: str) -> 
 
 
 def cancel_expired(session: Session, job_id: uuid.UUID) -> bool:
-    """A queued job whose deadline passed ends canceled/deadline without running."""
-    return change(
+    """A job whose `cancel_after` deadline passed ends canceled/deadline: a queued one
+    without running, a running one at its next step (its worker is told to stop)."""
+    now = utcnow()
+    if change(
         session,
         job_id,
         Job.status == JobStatus.QUEUED,
-        Job.deadline_at <= utcnow(),
+        Job.deadline_at <= now,
         status=JobStatus.CANCELED,
         error_code=ErrorCode.DEADLINE.value,
         error_message="not started before its cancel_after deadline",
-        finished_at=utcnow(),
+        finished_at=now,
+    ):
+        return True
+    stopped = change(
+        session,
+        job_id,
+        Job.status == JobStatus.RUNNING,
+        Job.deadline_at <= now,
+        status=JobStatus.CANCELED,
+        error_code=ErrorCode.DEADLINE.value,
+        error_message="not finished before its cancel_after deadline",
+        finished_at=now,
+        lease_owner=None,
+        lease_expires_at=None,
     )
+    if stopped:
+        notify(session, CANCEL_CHANNEL, str(job_id))
+    return stopped
 
 
 def renew_lease(session: Session, job_id: uuid.UUID, *, owner: str, lease_seconds: float) -> bool:
@@ -361,3 +379,69 @@ def requeue_by_operator(session: Session, job_id: uuid.UUID, *, stuck_running: b
         published_at=None,
         progress=progress_of("queued"),
     )
+
+
+def cancel_many(
+    session: Session,
+    *conditions: ColumnElement,
+    statuses: tuple[JobStatus, ...] = (JobStatus.QUEUED, JobStatus.RUNNING),
+    code: ErrorCode,
+    message: str,
+    chunk: int = 5000,
+) -> list[tuple[uuid.UUID, JobStatus]]:
+    """`cancel_job` for every job that matches `conditions` and is in one of `statuses`
+    (a batch's cancel, or the end of its completion window), set-wise: each a conditional
+    UPDATE from the state it was read in, a chunk of jobs per statement, each bumped,
+    notified and told to the change listeners; a running one's worker is told to stop.
+    Returns (job id, the status it left)."""
+    postgres = session.get_bind().dialect.name == "postgresql"
+    pick = select(Job.id, Job.status).where(*conditions, Job.status.in_(statuses))
+    if postgres:
+        pick = pick.with_for_update()
+    ended: list[tuple[uuid.UUID, JobStatus]] = []
+    now = utcnow()
+    found = session.execute(pick).all()
+    for was in statuses:
+        ids = [job_id for job_id, status in found if status == was]
+        extra = {"lease_owner": None, "lease_expires_at": None} if was == JobStatus.RUNNING else {}
+        for start in range(0, len(ids), chunk):
+            part = ids[start : start + chunk]
+            rows = session.execute(
+                update(Job)
+                .where(Job.id.in_(part), Job.status == was)
+                .values(
+                    version=Job.version + 1,
+                    updated_at=now,
+                    status=JobStatus.CANCELED,
+                    error_code=code.value,
+                    error_message=message,
+                    finished_at=now,
+                    **extra,
+                )
+                .returning(Job.id, Job.queue, Job.webhook_url, Job.webhook_events)
+                .execution_options(synchronize_session=False)
+            ).all()
+            if postgres and rows:
+                payloads = [job_changed_payload(r.id, r.queue, True) for r in rows]
+                session.execute(
+                    text("SELECT pg_notify(:channel, p) FROM unnest(CAST(:payloads AS text[])) p"),
+                    {"channel": JOB_CHANNEL, "payloads": payloads},
+                )
+                if was == JobStatus.RUNNING:
+                    session.execute(
+                        text("SELECT pg_notify(:channel, p) FROM unnest(CAST(:ids AS text[])) p"),
+                        {"channel": CANCEL_CHANNEL, "ids": [str(r.id) for r in rows]},
+                    )
+            for row in rows:
+                changes.emit(
+                    session,
+                    changes.JobChange(
+                        job_id=row.id,
+                        status=JobStatus.CANCELED,
+                        progressed=False,
+                        webhook_url=row.webhook_url,
+                        webhook_events=row.webhook_events,
+                    ),
+                )
+                ended.append((row.id, was))
+    return ended

@@ -199,13 +199,43 @@ class SchedulerManifestSchema(ma.Schema):
     config = fields.Dict(metadata={"description": "The scheduler's full config as run."})
 
 
+class LoraManifestSchema(ma.Schema):
+    sha256 = fields.String(metadata={"description": "SHA-256 of the adapter's file."})
+    scale = fields.Float(metadata={"example": 0.8})
+    name = fields.String(metadata={"description": "A shared adapter's name (the catalog's)."})
+
+
 class ManifestSchema(ma.Schema):
     model = fields.String()
+    model_sha256 = fields.String(
+        metadata={
+            "description": "SHA-256 over all the loaded model fixes: its files, a separate "
+            "VAE's, dtype, variant, safety checker (the result cache keys on it)."
+        }
+    )
     weights_sha256 = fields.String(
-        metadata={"description": "SHA-256 over the model's weight files, computed at load."}
+        metadata={"description": "SHA-256 over the model folder's files, computed at load."}
+    )
+    vae_sha256 = fields.String(
+        allow_none=True, metadata={"description": "A separate VAE folder's (`vae_path`)."}
+    )
+    variant = fields.String(allow_none=True, metadata={"example": "fp16"})
+    safety_checker = fields.Boolean()
+    kind = fields.String(metadata={"example": "img2img"})
+    inputs = fields.Dict(
+        keys=fields.String(),
+        values=fields.String(),
+        metadata={
+            "description": "The SHA-256 of each input image, by field (`image`, `mask`).",
+            "example": {"image": "3f5e…"},
+        },
     )
     scheduler = fields.Nested(SchedulerManifestSchema)
     seed = fields.Integer()
+    loras = fields.List(
+        fields.Nested(LoraManifestSchema),
+        metadata={"description": "The LoRA adapters it ran with, in order (absent: none)."},
+    )
     dtype = fields.String(metadata={"example": "float16"})
     device = fields.String(metadata={"example": "NVIDIA H100 80GB HBM3"})
     versions = fields.Nested(VersionsSchema)
@@ -236,7 +266,8 @@ class JobErrorSchema(ma.Schema):
         metadata={
             "description": "invalid_input, invalid_message, model_unavailable, gpu_oom, timeout, "
             "storage_unavailable, dead_lettered, internal_error, content_filtered (the model's "
-            "safety checker blacked out every image); for canceled jobs: canceled, "
+            "safety checker blacked out every image), outcome_refused (the database refused "
+            "what the job produced; not retried); for canceled jobs: canceled, "
             "deadline"
         }
     )
@@ -285,8 +316,8 @@ class JobSchema(ma.Schema):
         allow_none=True,
         metadata={
             "description": "While queued: an estimate of the seconds until it starts, from the "
-            "model's recent per-step times and the jobs ahead; null until the model has run, "
-            "and in a submit's 202."
+            "model's recent run times (by steps, images and pixels) and the jobs ahead; null "
+            "until the model has run, and in a submit's 202."
         },
     )
     priority = fields.String(metadata={"description": "low, normal or high."})

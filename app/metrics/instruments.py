@@ -46,6 +46,14 @@ JOBS_FINISHED = Counter(
     "Jobs a worker brought to a terminal state, by model, status and error code",
     ["model", "status", "error_code"],
 )
+# A model's start in a pool process, by phase: "load" (from_pretrained), "device" (moved
+# to the GPU), "warm_up" (one short job), "warm_up WxH" (each compile tier compiled).
+MODEL_START_SECONDS = Gauge(
+    "diffq_worker_model_start_seconds",
+    "Seconds a worker process spent starting a model, by phase",
+    ["model", "phase"],
+    multiprocess_mode="liveall",
+)
 GENERATION_DURATION = Histogram(
     "diffq_generation_duration_seconds",
     "Denoising and decoding time of a succeeded job, by model and step count",
@@ -69,6 +77,35 @@ BATCH_WAIT = Histogram(
     "Time a batching model's first job waited for compatible jobs to fill its batch",
     ["model"],
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+ADAPTER_LOADS = Counter(
+    "diffq_adapter_loads",
+    "LoRA adapters loaded by a worker, by where from: store (read and parsed into CPU "
+    "memory) or memory (from its CPU cache into a model's pipeline)",
+    ["source"],
+)
+ADAPTER_HITS = Counter(
+    "diffq_adapter_hits",
+    "Adapters a job needed that a worker already held, by where: memory (its CPU cache) "
+    "or pipeline (already loaded in the model's pipeline)",
+    ["level"],
+)
+ADAPTER_EVICTIONS = Counter(
+    "diffq_adapter_evictions",
+    "Adapters a worker let go of to make room, by where: memory or pipeline",
+    ["level"],
+)
+ADAPTER_LOAD_DURATION = Histogram(
+    "diffq_adapter_load_seconds",
+    "Time to load one adapter, by where from: store or memory",
+    ["source"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+MODEL_LOAD_DURATION = Histogram(
+    "diffq_model_load_seconds",
+    "Time to load a model's pipeline and to warm it up, by model and phase (load, warm_up)",
+    ["model", "phase"],
+    buckets=(0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
 )
 WORKER_BUSY = Counter(
     "diffq_worker_busy_seconds",

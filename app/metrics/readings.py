@@ -163,18 +163,36 @@ class ServiceCollector:
         queues: list[str],
         broker: BrokerReadings | None,
         top_tenants: int = 10,
+        cache_ttl: float = 0.0,
+        clock=time.monotonic,
     ) -> None:
         self.db, self.queues, self.broker = db, queues, broker
         self.top_tenants = top_tenants
+        # The database aggregates of a scrape, reused for `cache_ttl` seconds: scrapes
+        # from several Prometheus replicas (or anyone who reaches the port) cost one.
+        self.cache_ttl, self.clock = cache_ttl, clock
+        self._cached: tuple[float, list] | None = None
+        self._lock = threading.Lock()
 
-    def collect(self):
+    def _job_families(self) -> list:
         from app.metrics.backlog import backlog_gauge
 
-        try:
-            yield from job_gauges(self.db, self.queues)
-            yield backlog_gauge(self.db, self.queues)
-            yield from tenant_usage(self.db, self.top_tenants)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("job readings unavailable: %s: %s", type(exc).__name__, exc)
+        with self._lock:
+            now = self.clock()
+            if self._cached is not None and now - self._cached[0] < self.cache_ttl:
+                return self._cached[1]
+            families: list = []
+            try:
+                families.extend(job_gauges(self.db, self.queues))
+                families.append(backlog_gauge(self.db, self.queues))
+                families.extend(tenant_usage(self.db, self.top_tenants))
+            except Exception as exc:  # noqa: BLE001
+                log.warning("job readings unavailable: %s: %s", type(exc).__name__, exc)
+                return families  # not cached: the next scrape tries again
+            self._cached = (now, families)
+            return families
+
+    def collect(self):
+        yield from self._job_families()
         if self.broker is not None:
             yield from self.broker.collect()

@@ -50,6 +50,8 @@ class LocalStorage:
     def get(self, key: str) -> bytes:
         try:
             return self.path(key).read_bytes()
+        except FileNotFoundError as exc:
+            raise StorageError(f"get {key}: no such object", transient=False) from exc
         except OSError as exc:
             raise StorageError(f"get {key}: {exc}", transient=True) from exc
 

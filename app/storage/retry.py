@@ -44,6 +44,45 @@ def put_with_retry(
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Upload, retrying transient errors; returns the number of retries it took."""
+    retrying = _retrying("upload", key, retries, backoff, backoff_max, sleep)
+    try:
+        retrying(storage.put, key, data, content_type)
+    except StorageError as exc:
+        tries = retrying.statistics["attempt_number"]
+        raise StorageUnavailable(f"upload of {key} failed after {tries} attempt(s): {exc}") from exc
+    return retrying.statistics["attempt_number"] - 1
+
+
+def get_with_retry(
+    storage: Storage,
+    key: str,
+    *,
+    retries: int,
+    backoff: float,
+    backoff_max: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bytes:
+    """Download, retrying transient errors; a missing object raises its StorageError at
+    once (not transient), a store that stays away StorageUnavailable."""
+    retrying = _retrying("download", key, retries, backoff, backoff_max, sleep)
+    try:
+        return retrying(storage.get, key)
+    except StorageError as exc:
+        if not exc.transient:
+            raise
+        tries = retrying.statistics["attempt_number"]
+        message = f"download of {key} failed after {tries} attempt(s): {exc}"
+        raise StorageUnavailable(message) from exc
+
+
+def _retrying(
+    action: str,
+    key: str,
+    retries: int,
+    backoff: float,
+    backoff_max: float,
+    sleep: Callable[[float], None],
+) -> Retrying:
     delays = backoff_delays(retries, backoff, backoff_max)
     retrying = Retrying(
         retry=retry_if_exception(lambda exc: isinstance(exc, StorageError) and exc.transient),
@@ -51,7 +90,8 @@ def put_with_retry(
         wait=lambda _state: next(delays, 0.0),  # tenacity asks before it checks `stop`
         sleep=sleep,
         before_sleep=lambda state: log.warning(
-            "upload of %s failed (%s); retry %d in %.2fs",
+            "%s of %s failed (%s); retry %d in %.2fs",
+            action,
             key,
             state.outcome.exception(),
             state.attempt_number,
@@ -59,9 +99,4 @@ def put_with_retry(
         ),
         reraise=True,
     )
-    try:
-        retrying(storage.put, key, data, content_type)
-    except StorageError as exc:
-        tries = retrying.statistics["attempt_number"]
-        raise StorageUnavailable(f"upload of {key} failed after {tries} attempt(s): {exc}") from exc
-    return retrying.statistics["attempt_number"] - 1
+    return retrying

@@ -30,23 +30,41 @@ def _largest_field(body: bytes) -> tuple[str, int] | None:
 
 
 class BodyLimit:
-    def __init__(self, app: Callable, limit: int, drain_max: int | None = None) -> None:
+    """`limit` for every route but those under a prefix of `routes` (prefix: (limit, the
+    setting that sets it)): uploads of images take more than a JSON body.
+    `openai_prefix`: paths answered in OpenAI's error envelope (its Images endpoint)."""
+
+    def __init__(
+        self,
+        app: Callable,
+        limit: int,
+        drain_max: int | None = None,
+        routes: dict[str, tuple[int, str]] | None = None,
+        openai_prefix: str | None = None,
+    ) -> None:
         self.app = app
         self.limit = limit
-        self.drain_max = drain_max if drain_max is not None else max(16 * limit, 1 << 20)
+        self.routes = routes or {}
+        largest = max([limit, *(room for room, _ in self.routes.values())])
+        self.drain_max = drain_max if drain_max is not None else max(16 * limit, largest, 1 << 20)
+        self.openai_prefix = openai_prefix
+
+    def _limit(self, path: str) -> tuple[int, str]:
+        for prefix, chosen in self.routes.items():
+            if path == prefix or path.startswith(prefix + "/"):
+                return chosen
+        return self.limit, "DIFFQ_MAX_BODY_BYTES"
 
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
         try:
             length = int(environ.get("CONTENT_LENGTH") or -1)
         except ValueError:
             length = -1
-        if length <= self.limit:
+        limit, setting = self._limit(environ.get("PATH_INFO", ""))
+        if length <= limit:
             return self.app(environ, start_response)
         body = self._drain(environ["wsgi.input"], min(length, self.drain_max))
-        message = (
-            f"The request body is {length} bytes; the limit is {self.limit} bytes "
-            "(DIFFQ_MAX_BODY_BYTES)."
-        )
+        message = f"The request body is {length} bytes; the limit is {limit} bytes ({setting})."
         answer: dict[str, Any] = {"code": 413, "status": "Payload Too Large"}
         field = _largest_field(body) if len(body) == length else None
         if field is not None:
@@ -54,6 +72,16 @@ class BodyLimit:
             message += f" Its largest field, '{name}', is {size} bytes of JSON."
             answer["errors"] = {"json": {name: [f"{size} bytes; the whole body is limited."]}}
         answer["message"] = message
+        if self.openai_prefix and environ.get("PATH_INFO", "").startswith(self.openai_prefix):
+            param = field[0] if field is not None else None
+            answer = {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": param,
+                    "code": None,
+                }
+            }
         payload = json.dumps(answer).encode()
         headers = [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))]
         if length > self.drain_max:

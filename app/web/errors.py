@@ -19,26 +19,25 @@ from werkzeug.exceptions import (
 log = logging.getLogger(__name__)
 
 
-def register_error_handlers(app: Flask, api: Api) -> None:
-    @app.errorhandler(IntegrityError)
-    def conflict(exc: IntegrityError):
+def as_http_error(exc: Exception) -> HTTPException:
+    """The HTTP error an exception raised while answering a request stands for: each
+    endpoint's handlers render it in their envelope (the OpenAI endpoint has its own)."""
+    if isinstance(exc, HTTPException):
+        return exc
+    if isinstance(exc, IntegrityError):
         # A uniqueness or reference rule said no: the request conflicts with what exists.
         log.info("integrity error: %s", type(exc.orig).__name__ if exc.orig else exc)
-        error = Conflict()
+        error: HTTPException = Conflict()
         error.data = {"message": "The request conflicts with an existing resource."}
-        return api.handle_http_exception(error)
-
-    @app.errorhandler(DataError)
-    def unstorable_value(exc: DataError):
+        return error
+    if isinstance(exc, DataError):
         # The store is up and said no to a value (a schema let something through that
         # PostgreSQL cannot hold): bad input, not an outage.
         log.warning("value refused by the database: %s", type(exc.orig).__name__)
         error = UnprocessableEntity()
         error.data = {"message": "A value in the request cannot be stored."}
-        return api.handle_http_exception(error)
-
-    @app.errorhandler(DBAPIError)
-    def database_unavailable(exc: DBAPIError):
+        return error
+    if isinstance(exc, DBAPIError):
         # The job could not be made durable: tell the client to retry, reveal nothing.
         log.error("database error: %s", type(exc.orig).__name__ if exc.orig else exc)
         error = ServiceUnavailable()
@@ -46,8 +45,14 @@ def register_error_handlers(app: Flask, api: Api) -> None:
             "message": "The job store is unavailable; retry shortly.",
             "headers": {"Retry-After": "5"},
         }
-        return api.handle_http_exception(error)
+        return error
+    log.error("unhandled error", exc_info=exc)
+    error = InternalServerError()
+    error.data = {"message": "Internal server error."}
+    return error
 
+
+def register_error_handlers(app: Flask, api: Api) -> None:
     @app.errorhandler(MethodNotAllowed)
     def method_not_allowed(exc: MethodNotAllowed):
         # flask-smorest builds its answer from `data`, which drops werkzeug's Allow header.
@@ -56,10 +61,5 @@ def register_error_handlers(app: Flask, api: Api) -> None:
         return api.handle_http_exception(exc)
 
     @app.errorhandler(Exception)
-    def unexpected(exc: Exception):
-        if isinstance(exc, HTTPException):
-            return api.handle_http_exception(exc)
-        log.exception("unhandled error")
-        error = InternalServerError()
-        error.data = {"message": "Internal server error."}
-        return api.handle_http_exception(error)
+    def any_error(exc: Exception):
+        return api.handle_http_exception(as_http_error(exc))

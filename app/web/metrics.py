@@ -1,5 +1,9 @@
 """GET /metrics for Prometheus, and the request instruments every route records to.
 
+Served on the API's metrics port only (DIFFQ_API_METRICS_PORT; app/web/edge.py), never on
+the public one: it names tenants and their usage. The database aggregates are reused for
+DIFFQ_METRICS_CACHE_TTL seconds.
+
 Safe under gunicorn with several processes: `diffq api` gives the process tree one
 multiprocess directory (app.metrics.multiproc), and each scrape sums every process's
 files, then adds gauges read from PostgreSQL and RabbitMQ at that moment.
@@ -8,24 +12,29 @@ files, then adds gauges read from PostgreSQL and RabbitMQ at that moment.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from flask import Flask, Response, g, request
 
 from app.metrics import multiproc
-from app.metrics.readings import BrokerReadings, ServiceCollector
-from app.web.services import Services
+from app.metrics.readings import ServiceCollector
+
+if TYPE_CHECKING:
+    from app.web.root import ApiRoot
 
 
-def install(app: Flask, svc: Services) -> None:
+def install(app: Flask, svc: ApiRoot) -> None:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     from app.metrics.instruments import HTTP_DURATION, HTTP_IN_FLIGHT, HTTP_REQUESTS
 
-    broker = None
-    if not svc.settings.embedded:
-        broker = BrokerReadings(svc.publisher.celery.connection_for_read, svc.catalog.queues)
+    broker = svc.broker.readings(svc.celery.connection_for_read, svc.catalog.queues)
     readings = ServiceCollector(
-        svc.db, svc.catalog.queues, broker, top_tenants=svc.settings.metrics_top_tenants
+        svc.db,
+        svc.catalog.queues,
+        broker,
+        top_tenants=svc.settings.metrics_top_tenants,
+        cache_ttl=svc.settings.metrics_cache_ttl,
     )
 
     @app.before_request

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import flask_smorest
+import flask_smorest.error_handler
+import marshmallow as ma
+
 API_DESCRIPTION = """\
 diffq runs text-to-image diffusion models as asynchronous jobs.
 
@@ -27,3 +31,20 @@ def spec_options() -> dict:
         },
         "security": [{"bearerAuth": []}],
     }
+
+
+class ErrorSchema(flask_smorest.error_handler.ErrorSchema):
+    """The error every route answers with (documentation only): diffq's envelope, and on
+    the routes OpenAI's clients call (/v1/batches, /v1/files), OpenAI's `error` object in
+    the same body."""
+
+    error = ma.fields.Dict(
+        metadata={
+            "description": "OpenAI's error object (`message`, `type`, `param`, `code`), on the "
+            "routes OpenAI's clients call"
+        }
+    )
+
+
+class Api(flask_smorest.Api):
+    ERROR_SCHEMA = ErrorSchema

@@ -1,23 +1,18 @@
-"""The API's views reach the process's root (app/services.py) through the Flask app."""
+"""The API's views reach the process's root (app/web/root.py) through the Flask app, and
+their database session through the request."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from flask import current_app, g
 from sqlalchemy.orm import Session
 
-from app import services as root
-from app.web.watch import JobWatcher
+if TYPE_CHECKING:
+    from app.web.root import ApiRoot
 
 
-class Services(root.Services):
-    """The root, plus what only the API holds: the LISTEN/NOTIFY watcher of its streams."""
-
-    @root.resource
-    def watcher(self) -> JobWatcher:
-        return JobWatcher(self.db)
-
-
-def services() -> Services:
+def services() -> ApiRoot:
     return current_app.extensions["diffq"]
 
 

@@ -13,25 +13,47 @@ import re
 import threading
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 from app.db.models import Job
 from app.jobs import service
-from app.web.services import Services
 
-_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*\"?(\d{1,6})\"?", re.IGNORECASE)
+if TYPE_CHECKING:
+    from app.web.root import ApiRoot
 
 _slots_lock = threading.Lock()
 _slots_held = 0
 
+_PREFERENCE = re.compile(r"\s*([^=\s]+)\s*(?:=\s*(.*?))?\s*$")
+
+
+class BadPreference(ValueError):
+    """A `wait` preference that is not a whole number of seconds (safe to show)."""
+
 
 def requested_wait(prefer: str | None, cap: int) -> int | None:
-    """Seconds asked for by a `Prefer` header (`wait=N`), capped; None if not asked."""
+    """Seconds asked for by a `Prefer` header (`wait=N`), capped; None if not asked.
+
+    Other preferences (`respond-async`, `return=minimal`, …) are ignored, as RFC 7240
+    lets a server do; a `wait` whose value is not a whole number of seconds (`wait=abc`,
+    `wait=-5`, `wait=`) raises BadPreference rather than being ignored: the client meant
+    to wait and would not learn why it did not. `wait=0` asks for no wait.
+    """
     if not prefer:
         return None
-    match = _WAIT.search(prefer)
-    if match is None:
-        return None
-    return min(int(match.group(1)), cap)
+    for item in re.split(r"[,;]", prefer):
+        match = _PREFERENCE.match(item)
+        if match is None or match.group(1).lower() != "wait":
+            continue
+        value = (match.group(2) or "").strip()
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1].strip()
+        if not value.isascii() or not value.isdigit():
+            raise BadPreference(
+                f"wait must be a whole number of seconds (0 or more), not {value[:40]!r}."
+            )
+        return min(int(value), cap)
+    return None
 
 
 def waits_in_progress() -> int:
@@ -53,10 +75,12 @@ def _give_slot() -> None:
         _slots_held -= 1
 
 
-def wait_for_finish(
-    svc: Services, tenant_id: uuid.UUID, job_id: uuid.UUID, seconds: float
+def wait_for_job(
+    svc: ApiRoot, tenant_id: uuid.UUID, job_id: uuid.UUID, seconds: float
 ) -> Job | None:
-    """The job once terminal, or None if it is not within `seconds` (or no slot was free).
+    """The job as it is once it finished, or as it is when `seconds` have passed: a wait
+    that runs out answers with the job's state then, not the one it was submitted in.
+    None when no wait took place (`seconds` <= 0, or no slot free) or the job is gone.
 
     The caller must not hold a database session open while this runs.
     """
@@ -72,8 +96,19 @@ def wait_for_finish(
                 return job
             left = deadline - time.monotonic()
             if left <= 0:
-                return None
+                return job
             subscription.wait(left)
     finally:
         subscription.close()
         _give_slot()
+
+
+def wait_for_finish(
+    svc: ApiRoot, tenant_id: uuid.UUID, job_id: uuid.UUID, seconds: float
+) -> Job | None:
+    """The job once terminal, or None if it is not within `seconds` (or no slot was free).
+
+    The caller must not hold a database session open while this runs.
+    """
+    job = wait_for_job(svc, tenant_id, job_id, seconds)
+    return job if job is not None and job.status.terminal else None

@@ -23,7 +23,7 @@ from typing import Any
 import urllib3
 from sqlalchemy import update
 
-from app.db.models import Job, Tenant, WebhookAttempt, WebhookEvent, new_webhook_secret
+from app.db.models import Batch, Job, Tenant, WebhookAttempt, WebhookEvent, new_webhook_secret
 from app.db.session import Database
 from app.db.types import utcnow
 from app.metrics.instruments import WEBHOOK_DELIVERIES, WEBHOOK_LATENCY
@@ -157,7 +157,8 @@ def deliver(
         event = session.get(WebhookEvent, event_id)
         if event is None or event.state != "pending":
             return event.state if event is not None else "missing"
-        job = session.get(Job, event.job_id)
+        # A job's event, or a batch's end (app/batches): its `data` is that object.
+        job = session.get(Job, event.job_id) if event.job_id else session.get(Batch, event.batch_id)
         tenant = session.get(Tenant, job.tenant_id)
         if tenant.webhook_secret is None:  # every tenant has one; this keeps it so
             tenant.webhook_secret = new_webhook_secret()
@@ -187,6 +188,7 @@ def deliver(
 
 
 def _record(db, config, event_id, job_id, started_at, latency_ms, response: Response) -> str:
+    """`job_id`: the job's (or, for a batch's event, the batch's) id."""
     with db.session() as session:
         event = session.get(WebhookEvent, event_id, with_for_update=True)
         session.add(
@@ -207,7 +209,10 @@ def _record(db, config, event_id, job_id, started_at, latency_ms, response: Resp
             event.state = "gone"
             session.execute(
                 update(WebhookEvent)
-                .where(WebhookEvent.job_id == job_id, WebhookEvent.state == "pending")
+                .where(
+                    (WebhookEvent.job_id == job_id) | (WebhookEvent.batch_id == job_id),
+                    WebhookEvent.state == "pending",
+                )
                 .values(state="gone")
             )
         elif response.refused:

@@ -63,24 +63,40 @@ def parse_allow_list(raw: str | None) -> list[Network]:
         raise ValueError(f"DIFFQ_WEBHOOK_ALLOW_CIDRS: {exc}") from exc
 
 
+def _kind(address: Address) -> str | None:
+    """What makes an address not public, in words, or None when it is public."""
+    if address.is_loopback:
+        return "loopback"
+    if address.is_unspecified:
+        return "unspecified"
+    if address.is_link_local:
+        return "link-local"
+    if address.is_multicast:
+        return "multicast"
+    if address.is_private:
+        return "private"
+    if address.is_reserved:
+        return "reserved"
+    if not address.is_global:
+        return "not globally routable"
+    return None
+
+
 def check_address(address: Address, allow: Sequence[Network] = ()) -> None:
     if any(address in net for net in allow if net.version == address.version):
         return
     if isinstance(address, ipaddress.IPv6Address):
+        # `::1` and `::` lie in ::/96 (IPv4-compatible) but carry no IPv4 address: say
+        # what they are.
+        if address.is_loopback or address.is_unspecified:
+            raise UnsafeUrl(f"{address} is not a public address ({_kind(address)})")
         if address.ipv4_mapped is not None:
             raise UnsafeUrl(f"{address} is an IPv4-mapped address")
         if any(address in net for net in _EMBEDS_IPV4):
             raise UnsafeUrl(f"{address} embeds an IPv4 address (NAT64, 6to4, Teredo)")
-    if (
-        address.is_loopback
-        or address.is_private
-        or address.is_link_local
-        or address.is_multicast
-        or address.is_reserved
-        or address.is_unspecified
-        or not address.is_global
-    ):
-        raise UnsafeUrl(f"{address} is not a public address")
+    kind = _kind(address)
+    if kind is not None:
+        raise UnsafeUrl(f"{address} is not a public address ({kind})")
 
 
 def _literal(host: str) -> Address | None:
@@ -117,6 +133,9 @@ def check_url(url: str, allow: Sequence[Network] = ()) -> tuple[str, str, int, s
         raise UnsafeUrl(f"not a valid URL ({exc})") from exc
     if parts.scheme not in ("https", "http"):
         raise UnsafeUrl("only https and http URLs are allowed")
+    if port == 0 or (port is None and re.search(r":\d*$", parts.netloc.rpartition("@")[2])):
+        # ":0" names no service, and an empty ":" no port: both refused, never defaulted.
+        raise UnsafeUrl("the port must be between 1 and 65535")
     if parts.username is not None or parts.password is not None or "@" in parts.netloc:
         raise UnsafeUrl("credentials in the URL are not allowed")
     host = parts.hostname

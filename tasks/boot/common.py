@@ -8,7 +8,7 @@ import os
 from celery import signals
 
 from app import logs
-from app.broker.topology import WEBHOOK_QUEUE, declare_topology
+from app.broker.topology import WEBHOOK_QUEUE
 from tasks.celery_app import services
 
 # Exit status of a worker whose models cannot load (sysexits EX_CONFIG).
@@ -26,11 +26,10 @@ def mark_fatal(reason: str) -> None:
 
 
 def declare(sender, queues: list[str]) -> None:
-    """Declare the consumed queues (and their DLQs) before consuming; none when embedded."""
-    settings = services().settings
-    if not settings.embedded:
-        with sender.app.connection_for_write() as conn:
-            declare_topology(conn, queues, settings.queue_type)
+    """Declare the consumed queues (and what the broker backend needs with them, e.g.
+    their DLQs) before consuming."""
+    with sender.app.connection_for_write() as conn:
+        services().broker.declare(conn, queues)
 
 
 @signals.after_setup_logger.connect

@@ -86,16 +86,15 @@ def hand_back_after_grace(**_kwargs) -> None:
 
 def load_models(**_kwargs) -> None:
     """worker_process_init, in each pool child: the pipeline lives here, never in the
-    forking parent. The child gets a root of its own (the parent's settings and catalog,
-    its own connections)."""
+    forking parent. The child's root is a GPU worker's (workers/runtime.py): the parent's
+    settings, catalog and Celery app, its own connections and the loaded models."""
     global _runtime
     from app import services as root
     from workers.runtime import build_runtime
 
-    parent = services()
-    child = root.install(parent.derive(db_pool_size=2 + parent.settings.postprocess_depth))
     try:
-        _runtime = build_runtime(child, list(_queues))
+        _runtime = root.install(build_runtime(services(), list(_queues)))
+        _runtime.report = report_outcome
         signal.signal(HAND_BACK_SIGNAL, lambda *_: _runtime.request_hand_back())
     except Exception:
         # A pool child that raises here is restarted forever by the pool; instead stop
@@ -105,6 +104,27 @@ def load_models(**_kwargs) -> None:
         os.kill(os.getppid(), signal.SIGTERM)
         sys.stderr.flush()
         os._exit(EXIT_MODEL_LOAD)
+
+
+def report_outcome(job, outcome) -> None:
+    """A handed-over job's outcome as the event its task would have sent (its task id is
+    the job id): succeeded, failed, or revoked where it ended without running to an
+    outcome here. Flower and `celery events` count jobs, not hand-overs."""
+    from celery import current_app
+
+    from workers.outcome import Verdict
+
+    if outcome.verdict == Verdict.ACK:
+        event = {"type": "task-succeeded", "result": "None", "runtime": None}
+    elif outcome.verdict == Verdict.DEAD_LETTER:
+        event = {"type": "task-failed", "exception": outcome.reason, "traceback": None}
+    else:
+        event = {"type": "task-revoked", "terminated": False, "signum": None, "expired": False}
+    try:
+        with current_app.events.default_dispatcher(hostname=_runtime.name) as dispatcher:
+            dispatcher.send(uuid=str(job.id), **event)
+    except Exception as exc:  # noqa: BLE001 - a monitor's view, never the job's outcome
+        log.warning("job %s: its outcome event was not sent (%s)", job.id, exc)
 
 
 def release(**_kwargs) -> None:

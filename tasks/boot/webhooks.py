@@ -8,6 +8,7 @@ from celery.exceptions import WorkerShutdown
 
 from app import services as root
 from app.broker.topology import WEBHOOK_QUEUE
+from app.webhooks.worker import WebhookWorker
 from tasks.boot.common import declare
 from tasks.celery_app import services
 
@@ -22,6 +23,7 @@ def start(sender, queues: list[str]) -> None:
     declare(sender, queues)
     # Its delivery threads share the root's database pool: pool plus overflow (as many
     # again) gives each thread a connection.
-    root.install(services().derive(db_pool_size=max(1, (sender.concurrency + 1) // 2)))
+    pool = max(1, (sender.concurrency + 1) // 2)
+    root.install(services().derive(WebhookWorker, db_pool_size=pool))
     worker_metrics.serve(services().settings)
     log.info("worker delivers webhooks from queue %s", WEBHOOK_QUEUE)

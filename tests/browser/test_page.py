@@ -51,11 +51,17 @@ def test_submit_shows_progress_then_the_image_and_downloads_it(visit, worker, te
     visit.sign_in(tenant_key)
     # Long enough for several progress writes on a fast core (as the SSE test's job is).
     _fill(page, prompt="a lighthouse at dusk", width=256, height=192, steps=40, seed=7)
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"^Expected time"))
     page.click("#submit-job")
     image = page.wait_for_selector("#job-images img")
     width = page.eval_on_selector("#job-images img", "img => img.complete && img.naturalWidth")
     assert width == 256
+    # Shown at its own size, not squeezed into a grid column beside empty space.
+    shown = page.eval_on_selector("#job-images img", "img => img.getBoundingClientRect().width")
+    assert shown == 256, shown
     assert page.text_content("#job-state").startswith("Succeeded")
+    # The form's expected time went with the submit: it does not stand beside the result.
+    assert page.text_content("#estimate") == ""
     seen = page.evaluate("window.progressSeen")
     steps = [v for v in seen if 0 < v < 100]
     print(f"progress values seen: {seen}")
@@ -72,6 +78,8 @@ def test_submit_shows_progress_then_the_image_and_downloads_it(visit, worker, te
     assert saved.stat().st_size == job["result"]["images"][0]["bytes"]
     assert Image.open(io.BytesIO(saved.read_bytes())).size == (256, 192)
     assert image.is_visible()
+    page.fill("#f-steps", "20")  # editing the form brings the estimate back
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"^Expected time: about"))
     visit.assert_clean()
 
 
@@ -138,3 +146,184 @@ def test_docs_render_every_operation_with_the_network_blocked(visit):
     expect(page.locator(".opblock")).to_have_count(operations)
     assert page.locator(".opblock-summary-path", has_text="/v1/models/{name}/estimate").count()
     visit.assert_clean()
+
+
+def test_without_a_key_the_form_says_what_to_do(visit):
+    page = visit.page
+    page.goto(f"{visit.base_url}/")
+    expect(page.locator("#key-status code")).to_have_count(2)
+    status = page.text_content("#key-status")
+    assert "`" not in status, status
+    assert "diffq up" in status and "diffq keys create" in status
+    options = page.locator("#f-model option")
+    expect(options).to_have_count(1)
+    assert options.first.text_content() == "Enter an API key to load the models"
+    for name in ("width", "height", "steps", "guidance_scale"):
+        assert page.get_attribute(f"#f-{name}", "placeholder") == "model default", name
+    assert "once a key is saved" in page.text_content("#hint-size")
+    visit.assert_clean()
+
+
+def test_recent_jobs_follow_the_watched_jobs_status(visit, worker, tenant_key, db):
+    """Listed while it waits behind another job, the watched job's line says running
+    once it runs, not the queued it was listed with."""
+    page = visit.page
+    visit.sign_in(tenant_key)
+    _worker_idle(db)
+    blocker = requests.post(
+        f"{visit.base_url}/v1/jobs",
+        json={"prompt": "ahead", "steps": 200, **LONG},
+        headers=auth(tenant_key),
+        timeout=10,
+    ).json()
+    expect_running = re.compile(r"^Running")
+    try:
+        _fill(page, prompt="behind", steps=400, **LONG)
+        page.click("#submit-job")
+        job_id = _current_job_id_of(page, "behind")
+        line = page.locator(f"#job-list li[data-job-id='{job_id}'] .badge")
+        expect(line).to_have_text("queued")
+        expect(page.locator("#job-state")).to_have_text(expect_running, timeout=120_000)
+        expect(line).to_have_text("running")
+        page.click("#cancel-job")
+        expect(line).to_have_text("canceled")
+    finally:
+        requests.post(blocker["urls"]["cancel"], headers=auth(tenant_key), timeout=10)
+    visit.assert_clean()
+
+
+def test_recent_jobs_page_back_with_the_cursor(visit, tenant_key):
+    made = []
+    for i in range(PAGE_SIZE + 3):  # queued on a model no worker serves, then canceled
+        job = requests.post(
+            f"{visit.base_url}/v1/jobs",
+            json={"prompt": f"page {i}", "model": "tiny-b"},
+            headers=auth(tenant_key),
+            timeout=10,
+        ).json()
+        requests.post(job["urls"]["cancel"], headers=auth(tenant_key), timeout=10)
+        made.append(job["id"])
+    page = visit.page
+    visit.sign_in(tenant_key)
+    rows = page.locator("#job-list li")
+    expect(rows).to_have_count(PAGE_SIZE)
+    expect(page.locator("#more-jobs")).to_be_visible()
+    page.click("#more-jobs")
+    expect(rows).to_have_count(PAGE_SIZE + 3)
+    expect(page.locator("#more-jobs")).to_be_hidden()
+    shown = [rows.nth(i).get_attribute("data-job-id") for i in range(PAGE_SIZE + 3)]
+    assert shown == list(reversed(made))  # newest first, each once
+    visit.assert_clean()
+
+
+PAGE_SIZE = 8  # app/web/ui/static/jobs.js
+LONG = {"width": 256, "height": 192}
+FRESH = "page-fresh"  # a model of page_api's (conftest.py) no job has run on
+
+
+def _finished_job(db, seconds: float, **params) -> None:
+    """A succeeded job of the fresh model, as a worker would have left it."""
+    from datetime import timedelta
+
+    from app.db.models import Job
+    from app.db.types import utcnow
+    from app.jobs import service
+    from app.jobs.states import JobStatus, Priority
+    from app.keys import get_or_create_tenant
+    from testbed.factories import job_request
+
+    with db.session() as session:
+        tenant = get_or_create_tenant(session, "page-estimates")
+        job = service.create_job(
+            session,
+            tenant.id,
+            model=FRESH,
+            queue=f"gpu.{FRESH}",
+            priority=Priority.NORMAL,
+            request=job_request(
+                model=FRESH, prompt="history", **{"width": 64, "height": 64, "steps": 4, **params}
+            ),
+            metadata=None,
+        )
+        job = session.get(Job, job.id)
+        job.status = JobStatus.SUCCEEDED
+        job.finished_at = utcnow()
+        job.started_at = job.finished_at - timedelta(seconds=seconds)
+        session.commit()
+
+
+def test_the_expected_time_says_how_sure_it_is(visit_at, page_api, tenant_key, db):
+    visit = visit_at(page_api.url)
+    page = visit.page
+    visit.sign_in(tenant_key)
+    page.select_option("#f-model", FRESH)
+    estimate = page.locator("#estimate")
+    expect(estimate).to_have_text(
+        "Expected time: not known yet (no job has finished on this model)."
+    )
+    _finished_job(db, 12.0)  # one job of 64 x 64, 4 steps, in 12 s
+    page.fill("#f-steps", "4")
+    expect(estimate).to_have_text(
+        re.compile(
+            r"^Expected time: about \d+ s\. A rough guess: it rests on 1 finished job on "
+            r"this model\.$"
+        )
+    )
+    _finished_job(db, 36.0, width=128, height=128)
+    _finished_job(db, 24.0, width=128, height=64)
+    page.fill("#f-width", "128")
+    page.fill("#f-height", "128")
+    expect(estimate).to_have_text(re.compile(r"^Expected time: about \d+ s\.$"))
+    visit.assert_clean()
+
+
+def test_a_429_counts_down_its_retry_after_with_submit_off(visit_at, page_api, tenant_key):
+    first = requests.post(
+        f"{page_api.url}/v1/jobs", json={"prompt": "fills the cap"}, headers=auth(tenant_key)
+    )
+    assert first.status_code == 202, first.text
+    visit = visit_at(page_api.url)
+    page = visit.page
+    try:
+        visit.sign_in(tenant_key)
+        page.click("#submit-job")
+        notice = page.locator("#notice")
+        expect(notice).to_have_text(re.compile(r"Too many queued jobs.*Try again in \d+ s\."))
+        first_left = int(re.search(r"again in (\d+) s", notice.text_content()).group(1))
+        assert page.is_disabled("#submit-job")
+        expect(notice).to_have_text(re.compile(rf"again in {first_left - 2} s\."))
+        assert page.is_disabled("#submit-job")
+        expect(notice).to_be_hidden(timeout=(first_left + 5) * 1000)
+        assert page.is_enabled("#submit-job")
+        listed = requests.get(f"{page_api.url}/v1/jobs", headers=auth(tenant_key), timeout=10)
+        assert [j["id"] for j in listed.json()["data"]] == [first.json()["id"]]
+    finally:
+        requests.post(first.json()["urls"]["cancel"], headers=auth(tenant_key), timeout=10)
+    visit.assert_clean()
+
+
+def _current_job_id_of(page, prompt: str) -> str:
+    row = page.locator("#job-list li", has_text=prompt).first
+    expect(row).to_be_attached()
+    return row.get_attribute("data-job-id")
+
+
+def _worker_idle(db) -> None:
+    from sqlalchemy import func, select
+
+    from app.db.models import Job
+    from app.jobs.states import JobStatus
+    from testbed.waiting import wait_until
+
+    def idle() -> bool:
+        with db.session() as session:
+            return not session.scalar(
+                select(func.count())
+                .select_from(Job)
+                .where(
+                    Job.queue == "gpu.tiny",
+                    Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]),
+                )
+            )
+
+    wait_until(idle, timeout=120, interval=0.2)

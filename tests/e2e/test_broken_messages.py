@@ -82,6 +82,7 @@ def test_a_version_1_message_from_before_an_upgrade_runs_its_job_from_the_row(
     from app.db.types import utcnow
     from app.jobs.service import create_job
     from app.jobs.states import JobStatus, Priority
+    from app.kinds import request_from_stored
     from testbed.waiting import wait_until
 
     row_input = {
@@ -107,7 +108,7 @@ def test_a_version_1_message_from_before_an_upgrade_runs_its_job_from_the_row(
             model="tiny",
             queue=QUEUE,
             priority=Priority.NORMAL,
-            params=row_input,
+            request=request_from_stored(row_input),
             metadata=None,
         )
         job.published_at = utcnow()  # its message is the one below: no second publish

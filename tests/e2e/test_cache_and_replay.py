@@ -18,7 +18,7 @@ BODY = {"prompt": "a cached lighthouse", "steps": 3, "seed": 1234, "num_images":
 def _hits(api_server) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = requests.get(f"{api_server.url}/metrics", timeout=10).text
+    text = requests.get(api_server.metrics_url, timeout=10).text
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)
@@ -121,14 +121,19 @@ def test_a_replay_runs_again_and_reports_matching_bytes(api_server, worker, tena
     assert missing.status_code == 404
 
 
-def test_the_weights_digest_covers_every_weight_file(tmp_path):
-    from workers.manifest import weights_digest
+def test_the_files_digest_covers_every_file_that_loading_reads(tmp_path):
+    from workers.manifest import files_digest
 
     (tmp_path / "unet").mkdir()
     (tmp_path / "unet" / "model.safetensors").write_bytes(b"a" * 100)
     (tmp_path / "model_index.json").write_text("{}")
-    first = weights_digest(tmp_path)
-    (tmp_path / "model_index.json").write_text('{"x": 1}')  # not a weight file
-    assert weights_digest(tmp_path) == first
-    (tmp_path / "unet" / "model.safetensors").write_bytes(b"a" * 99 + b"b")
-    assert weights_digest(tmp_path) != first
+    first = files_digest(tmp_path)
+    (tmp_path / "README.md").write_text("notes")  # documentation: not read by loading
+    (tmp_path / ".cache").mkdir()
+    (tmp_path / ".cache" / "x").write_text("y")
+    assert files_digest(tmp_path) == first
+    (tmp_path / "model_index.json").write_text('{"x": 1}')  # a configuration
+    second = files_digest(tmp_path)
+    assert second != first
+    (tmp_path / "unet" / "model.safetensors").write_bytes(b"a" * 99 + b"b")  # a weight
+    assert files_digest(tmp_path) not in (first, second)

@@ -3,23 +3,37 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
+import re
+import select
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from PIL import Image
 
 pytestmark = pytest.mark.services
 
+ROOT = Path(__file__).resolve().parents[2]
 
-def diffq(api_server, key, *args, timeout=120) -> subprocess.CompletedProcess:
-    env = {"DIFFQ_URL": api_server.url, "DIFFQ_API_KEY": key, "PATH": "/usr/bin:/bin"}
+
+def diffq(api_server, key, *args, timeout=120, cwd=None, url=None) -> subprocess.CompletedProcess:
+    env = {
+        "DIFFQ_URL": url or api_server.url,
+        "DIFFQ_API_KEY": key,
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
+    }
     return subprocess.run(
         [sys.executable, "-m", "cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=env,
+        cwd=cwd or ROOT,
     )
 
 
@@ -45,8 +59,10 @@ def test_generate_shows_progress_and_saves_the_images(api_server, worker, tenant
     saved = result.stdout.split()
     assert saved == [str(tmp_path / "fox-0.png"), str(tmp_path / "fox-1.png")]
     assert [Image.open(p).size for p in saved] == [(96, 64), (96, 64)]
-    assert "denoising" in result.stderr and "[#" in result.stderr
-    assert "/30" in result.stderr
+    # stderr is a pipe here: plain lines per stage, no bar redrawn with escape codes.
+    assert "running: denoising, 30 steps" in result.stderr, result.stderr
+    assert "\033" not in result.stderr and "\r" not in result.stderr
+    assert re.search(r"job \S+ succeeded in \d", result.stderr), result.stderr
 
 
 def test_jobs_commands_speak_json_for_scripts(api_server, worker, tenant_key):
@@ -97,9 +113,13 @@ def test_jobs_submit_wait_and_cancel(api_server, tenant_key):
 
 
 def test_bad_input_is_reported_plainly(api_server, tenant_key):
-    result = diffq(api_server, tenant_key, "generate", "x", "--steps", "9999")
+    result = diffq(api_server, tenant_key, "generate", "x", "--steps", "9999", "--width", "100")
     assert result.returncode == 2
-    assert "HTTP 422" in result.stderr and "steps" in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[0] == "diffq: HTTP 422 Unprocessable Entity", result.stderr
+    assert "  steps: Must be between 1 and 500 for model 'tiny'." in lines
+    assert any(line.startswith("  width: Must be a multiple of 8") for line in lines), lines
+    assert "{" not in result.stderr  # not the raw JSON
     no_key = subprocess.run(
         [sys.executable, "-m", "cli", "jobs", "list", "--url", api_server.url],
         capture_output=True,
@@ -107,3 +127,191 @@ def test_bad_input_is_reported_plainly(api_server, tenant_key):
         env={"PATH": "/usr/bin:/bin"},
     )
     assert no_key.returncode == 2 and "API key" in no_key.stderr
+
+
+def test_an_api_that_is_down_is_one_clear_line_not_a_traceback(api_server, tenant_key, tmp_path):
+    from testbed.ports import free_port
+
+    down = f"http://127.0.0.1:{free_port()}"
+    for args in (("jobs", "list"), ("generate", "x", "-o", str(tmp_path / "x.png"))):
+        result = diffq(api_server, tenant_key, *args, url=down, timeout=60)
+        assert result.returncode == 3, result.stderr
+        assert "Traceback" not in result.stderr
+        assert result.stderr.strip().splitlines() == [
+            f"diffq: cannot reach the API at {down} (connection refused). Is it running? "
+            "Start it with scripts/up (or diffq api), or point --url / DIFFQ_URL at it."
+        ]
+
+
+def _jobs_of(api_server, key) -> list[str]:
+    listed = diffq(api_server, key, "jobs", "list", "--json")
+    return [job["id"] for job in json.loads(listed.stdout)["data"]]
+
+
+def test_generate_never_writes_over_a_file_unless_asked(api_server, worker, tenant_key, tmp_path):
+    # No -o: a name of the job's own in the current folder, so nothing is overwritten.
+    first = diffq(api_server, tenant_key, "generate", "one", "--steps", "2", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    (name,) = first.stdout.split()
+    assert re.fullmatch(r"diffq-[0-9a-f-]{36}\.png", name), name
+    assert (tmp_path / name).is_file()
+
+    taken = tmp_path / "taken.png"
+    taken.write_bytes(b"keep me")
+    before = _jobs_of(api_server, tenant_key)
+    refused = diffq(api_server, tenant_key, "generate", "two", "-o", str(taken), cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "taken.png exists" in refused.stderr and "--overwrite" in refused.stderr
+    assert taken.read_bytes() == b"keep me"
+    assert _jobs_of(api_server, tenant_key) == before  # refused before anything was sent
+
+    again = diffq(
+        api_server,
+        tenant_key,
+        "generate",
+        "two",
+        "--steps",
+        "2",
+        "-o",
+        str(taken),
+        "--overwrite",
+        cwd=tmp_path,
+    )
+    assert again.returncode == 0, again.stderr
+    assert Image.open(taken).size == (64, 64)
+
+
+def test_quiet_prints_only_the_saved_paths(api_server, worker, tenant_key, tmp_path):
+    result = diffq(
+        api_server,
+        tenant_key,
+        "generate",
+        "quiet",
+        "--steps",
+        "3",
+        "-q",
+        "-o",
+        "q.png",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert result.stdout == "q.png\n"
+
+
+def test_on_a_terminal_the_progress_bar_is_drawn_in_place(api_server, worker, tenant_key, tmp_path):
+    leader, follower = pty.openpty()
+    env = {
+        "DIFFQ_URL": api_server.url,
+        "DIFFQ_API_KEY": tenant_key,
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli", "generate", "a tty", "--steps", "30", "-o", "t.png"],
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        cwd=tmp_path,
+        env=env,
+    )
+    os.close(follower)
+    seen = b""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        elif process.poll() is not None:
+            break
+    process.wait(timeout=30)
+    os.close(leader)
+    text = seen.decode(errors="replace")
+    assert process.returncode == 0, text
+    assert "\r\x1b[K[#" in text and "denoising" in text and "/30" in text, text[-500:]
+
+
+def test_jobs_get_shows_the_image_urls(api_server, worker, tenant_key):
+    submitted = diffq(api_server, tenant_key, "jobs", "submit", "urls", "--steps", "2", "--wait")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.split()[0]
+    shown = diffq(api_server, tenant_key, "jobs", "get", job_id)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith(f"{job_id}  succeeded")
+    assert re.fullmatch(r"  image 0: 64x64 seed \d+  http\S+", lines[1]), lines
+
+
+@pytest.mark.parametrize("command", [["generate"], ["jobs", "submit"], ["jobs", "list"]])
+def test_every_option_says_what_it_does(command):
+    from cli import diffq as tree
+
+    found = tree
+    for name in command:
+        found = found.commands[name]
+    options = [p for p in found.params if p.param_type_name == "option"]
+    assert options
+    assert [o.name for o in options if not o.help] == []
+
+
+def test_generate_from_an_image_and_a_mask(api_server, worker, tenant_key, tmp_path):
+    """`--image` uploads the input (image to image); with `--mask`, inpainting; the
+    output is the input's size, and every pixel outside the mask is the input's."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    picture = Image.fromarray(rng.integers(0, 255, (64, 96, 3), dtype=np.uint8))
+    picture.save(tmp_path / "in.png")
+    mask = Image.new("L", (96, 64), 0)
+    mask.paste(255, (30, 16, 60, 40))
+    mask.save(tmp_path / "mask.png")
+    base = ["--steps", "4", "--seed", "1", "-q"]
+    img2img = diffq(
+        api_server, tenant_key, "generate", "in autumn", "--image", str(tmp_path / "in.png"),
+        "--strength", "0.5", "-o", str(tmp_path / "a.png"), *base,
+    )  # fmt: skip
+    assert img2img.returncode == 0, img2img.stderr
+    assert Image.open(tmp_path / "a.png").size == (96, 64)
+    inpaint = diffq(
+        api_server, tenant_key, "generate", "a window", "--image", str(tmp_path / "in.png"),
+        "--mask", str(tmp_path / "mask.png"), "-o", str(tmp_path / "b.png"), *base,
+    )  # fmt: skip
+    assert inpaint.returncode == 0, inpaint.stderr
+    made = np.asarray(Image.open(tmp_path / "b.png").convert("RGB"))
+    far = np.ones((64, 96), dtype=bool)
+    far[4:52, 18:72] = False  # beyond the mask and its 4 px blur
+    assert (made[far] == np.asarray(picture)[far]).all()
+    jobs = json.loads(diffq(api_server, tenant_key, "jobs", "list", "--json").stdout)
+    assert [job["input"]["kind"] for job in jobs["data"][:2]] == ["inpaint", "img2img"]
+    assert jobs["data"][1]["input"]["strength"] == 0.5
+    lone = diffq(api_server, tenant_key, "generate", "x", "--mask", str(tmp_path / "mask.png"))
+    assert lone.returncode == 2 and "--mask and --strength go with --image" in lone.stderr
+
+
+def test_generate_with_lora_adapters(api_server, worker, tenant_key, tmp_path):
+    """`--lora ID[:SCALE]` names an uploaded adapter by id and a shared one by name; a bad
+    scale is a 422 naming `loras`, reported plainly."""
+    from diffq.client import Client
+    from workers.tiny import build_tiny_lora
+
+    with Client(api_server.url, tenant_key) as client:
+        adapter = client.adapters.create(build_tiny_lora(41), model="tiny", name="cli")
+        assert [a["id"] for a in client.adapters.list()] == [adapter["id"]]
+    made = diffq(
+        api_server, tenant_key, "generate", "a harbour", "--lora", f"{adapter['id']}:0.7",
+        "--lora", "ink", "--steps", "2", "-q", "-o", str(tmp_path / "l.png"),
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    [job] = json.loads(diffq(api_server, tenant_key, "jobs", "list", "--json").stdout)["data"][:1]
+    assert [(lora["sha256"], lora["scale"]) for lora in job["input"]["loras"]] == [
+        (adapter["sha256"], 0.7),
+        (job["input"]["loras"][1]["sha256"], 1.0),
+    ]
+    assert job["input"]["loras"][1]["name"] == "ink"
+    bad = diffq(api_server, tenant_key, "generate", "x", "--lora", "ink:9")
+    assert bad.returncode == 2 and "loras" in bad.stderr

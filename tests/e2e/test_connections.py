@@ -59,7 +59,7 @@ def test_oversized_bodies_on_one_connection_get_a_413_naming_the_limit(api_serve
     from app.config import load_settings
 
     limit = load_settings().max_body_bytes
-    body = json.dumps({"prompt": "x", "metadata": {"pad": "y" * 100_000}}).encode()
+    body = json.dumps({"prompt": "x", "metadata": {"pad": "y" * (limit + 1)}}).encode()
     conn = http.client.HTTPConnection("127.0.0.1", api_server.port, timeout=30)
     headers = {**auth(tenant_key), "Content-Type": "application/json"}
     try:

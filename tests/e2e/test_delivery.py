@@ -23,14 +23,16 @@ def _job_row(db, job_id):
 
 
 def _publisher(**celery_overrides):
+    """A publisher of its own root (the process's stays untouched), its Celery app with
+    `celery_overrides`."""
+    from app.broker.celery import create_celery
     from app.broker.publish import Publisher
-    from app.catalog import load_catalog
     from app.config import load_settings
-    from tasks.celery_app import create_celery
+    from app.services import Services
 
-    settings = load_settings()
-    app = create_celery(**celery_overrides) if celery_overrides else None
-    return Publisher(load_catalog(settings), embedded=False, timeout=2.0, celery_app=app)
+    root = Services(load_settings())
+    app = create_celery(lambda: root, **celery_overrides)
+    return Publisher(root.catalog, broker=root.broker, celery_app=app, timeout=2.0)
 
 
 def test_a_job_waits_on_its_models_queue_for_a_worker_that_serves_it(
@@ -88,6 +90,7 @@ def test_a_job_whose_publish_failed_is_published_by_the_relay(
     # A second job committed while the broker is unreachable (nothing listens there).
     from app.jobs import service
     from app.jobs.states import Priority
+    from app.kinds import request_from_stored
 
     params = dict(job["input"], seed=9)
     tenant_id = _job_row(db, job["id"]).tenant_id
@@ -98,7 +101,7 @@ def test_a_job_whose_publish_failed_is_published_by_the_relay(
             model="tiny",
             queue="gpu.tiny",
             priority=Priority.NORMAL,
-            params=params,
+            request=request_from_stored(params),
             metadata=None,
         )
     dead = _publisher(broker_url="amqp://guest:guest@127.0.0.1:1//")

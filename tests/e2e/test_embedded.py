@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -58,6 +61,79 @@ def _largest_size_finishes_inside_its_limit(url: str, key: str, spec) -> None:
     assert done["result"]["images"][0]["width"] == spec.max_width
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _pattern(line: str) -> str:
+    """A README banner line as a pattern: the address, key, folder and numbers vary."""
+    tokens = r"(http://127\.0\.0\.1:8000|dq_\S*…|/home/you/\S+|\d+)"
+    parts = re.split(tokens, line)
+    out = []
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            out.append(re.escape(part))
+        elif part.startswith("http://"):
+            out.append(r"http://127\.0\.0\.1:\d+")
+        elif part.startswith(("dq_", "/home/")):
+            out.append(r"\S+")
+        else:
+            out.append(r"\d+")
+    return "^" + "".join(out) + "$"
+
+
+def _the_readme_shows_this_banner(banner: str) -> None:
+    """Each line of the README's banner (up to its `…`) is a line of the real one, in order."""
+    readme = (ROOT / "README.md").read_text()
+    shown = readme.split("It prints the URL and an API key:\n\n```\n", 1)[1].split("```", 1)[0]
+    lines = banner[banner.index("diffq is up") :].splitlines()
+    at = 0
+    for expected in shown.splitlines():
+        if expected == "…":
+            break
+        pattern = _pattern(expected)
+        found = next((i for i in range(at, len(lines)) if re.match(pattern, lines[i])), None)
+        assert found is not None, (expected, lines)
+        at = found + 1
+
+
+def _the_embedded_worker_is_counted_as_a_consumer(home) -> None:
+    """`diffq queues` showed 0 consumers while the embedded worker ran: the filesystem
+    broker keeps no count, so the workers are asked."""
+    result = subprocess.run(
+        [sys.executable, "-m", "cli", "queues", "--json"],
+        env=_clean_env(home),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {row["queue"]: row for row in map(json.loads, result.stdout.splitlines())}
+    assert rows["gpu.tiny"]["queue_consumers"] == 1, rows
+
+
+def test_a_taken_port_is_refused_at_once_naming_a_free_one(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "cli", "up", "--bind", f"127.0.0.1:{port}"],
+            env=_clean_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert f"127.0.0.1:{port} is already in use" in result.stderr
+    suggested = re.search(r"scripts/up --bind 127\.0\.0\.1:(\d+)", result.stderr)
+    assert suggested and int(suggested.group(1)) != port, result.stderr
+    assert "Traceback" not in output
+    # Refused before anything started: no model built, no server booted.
+    assert "Booting worker" not in output and "building the tiny" not in output
+    assert not (tmp_path / ".diffq" / "models").exists()
+
+
 def test_diffq_up_runs_a_job_end_to_end_without_servers(tmp_path):
     port = free_port()
     log_path = tmp_path / "up.log"
@@ -73,6 +149,11 @@ def test_diffq_up_runs_a_job_end_to_end_without_servers(tmp_path):
         banner = _wait_banner(process, log_path)
         key = re.search(r"API key\s+(dq_\S+)", banner).group(1)
         url = f"http://127.0.0.1:{port}"
+        _the_readme_shows_this_banner(banner)
+        # The banner says how to stop it and how to reach the CLI, which is not on PATH.
+        assert re.search(r"^  stop +Ctrl-C", banner, re.M), banner
+        assert f"export DIFFQ_URL={url} DIFFQ_API_KEY={key}" in banner
+        assert re.search(r"^  \S*/bin/diffq generate 'a red fox'", banner, re.M), banner
         job = submit(url, key, prompt="a lantern", width=96, height=64, steps=3, seed=3)
         done = wait_terminal(url, key, job["id"], timeout=90)
         assert done["status"] == "succeeded", done
@@ -89,6 +170,7 @@ def test_diffq_up_runs_a_job_end_to_end_without_servers(tmp_path):
         )
         assert redirect.status_code == 302
         home = tmp_path / ".diffq"
+        _the_embedded_worker_is_counted_as_a_consumer(tmp_path)
         _largest_size_finishes_inside_its_limit(url, key, tiny_spec(home / "models" / "tiny"))
         assert (home / "diffq.sqlite3").is_file()
         assert list((home / "images").rglob("0.png"))

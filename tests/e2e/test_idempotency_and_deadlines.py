@@ -116,3 +116,33 @@ def test_the_relay_cancels_expired_jobs_even_with_no_worker(api_server, tenant_k
     ).json()
     assert still["status"] == "queued"
     requests.post(f"{api_server.url}/v1/jobs/{fresh['id']}/cancel", headers=auth(tenant_key))
+
+
+def test_a_running_job_past_its_deadline_stops_at_its_next_step(api_server, worker, tenant_key, db):
+    """cancel_after bounds the whole job, not only its start: the relay's deadline pass
+    cancels a running job too, and its worker stops it at the next step (nothing decoded,
+    no result) and takes the next job."""
+    from app.housekeeping.deadlines import cancel_expired
+    from testbed.waiting import wait_until
+
+    # The largest size at the most steps: tens of seconds on a CPU, far past its deadline.
+    body = {"prompt": "too long", "width": 256, "height": 192, "steps": 500, "seed": 2}
+    job = submit(api_server.url, tenant_key, **body, cancel_after=3)
+
+    def running_at_a_step():
+        now = requests.get(
+            f"{api_server.url}/v1/jobs/{job['id']}", headers=auth(tenant_key), timeout=5
+        ).json()
+        return now if now["status"] == "running" and now["progress"]["step"] > 0 else None
+
+    wait_until(running_at_a_step, timeout=60)
+    time.sleep(3.5)  # past its deadline, still running
+    assert cancel_expired(db) >= 1
+    done = wait_terminal(api_server.url, tenant_key, job["id"], timeout=10)
+    print(f"canceled at step {done['progress']['step']} of 500: {done['error']}")
+    assert done["status"] == "canceled" and done["error"]["code"] == "deadline"
+    assert done["started_at"] is not None and done["result"] is None
+    assert done["progress"]["step"] < 500
+    worker.wait_for_log(rf"job {job['id']} stopped at step \d+: no longer held", timeout=30)
+    after = submit(api_server.url, tenant_key, prompt="next", steps=2, seed=3)
+    assert wait_terminal(api_server.url, tenant_key, after["id"])["status"] == "succeeded"

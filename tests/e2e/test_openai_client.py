@@ -1,4 +1,4 @@
-"""POST /v1/images/generations driven by the real `openai` Python client (`base_url`)."""
+"""The OpenAI Images API (generations and edits) driven by the real `openai` Python client."""
 
 from __future__ import annotations
 
@@ -123,3 +123,114 @@ def test_past_the_wait_is_a_clear_error_and_the_job_keeps_going(strict_api, tena
     job = requests.get(f"{strict_api.url}/v1/jobs/{job_id}", headers=auth(tenant_key), timeout=10)
     assert job.json()["status"] == "queued"
     requests.post(f"{strict_api.url}/v1/jobs/{job_id}/cancel", headers=auth(tenant_key), timeout=10)
+
+
+def _png_bytes(image) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _holed(size=(96, 64), hole=(30, 16, 60, 40)):
+    """A picture, and the same picture with a fully transparent hole (OpenAI's mask)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(9)
+    picture = Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8))
+    holed = picture.convert("RGBA")
+    holed.paste((0, 0, 0, 0), hole)
+    return picture, holed
+
+
+def _far_from(hole, size, margin: int):
+    """Pixels farther than `margin` from the hole: the mask's blur cannot reach them."""
+    import numpy as np
+
+    untouched = np.ones((size[1], size[0]), dtype=bool)
+    left, top, right, bottom = hole
+    untouched[max(0, top - margin) : bottom + margin, max(0, left - margin) : right + margin] = (
+        False
+    )
+    return untouched
+
+
+@pytest.mark.parametrize("with_mask", [True, False])
+def test_images_edit_redraws_the_transparent_part_only(api_server, worker, tenant_key, with_mask):
+    """OpenAI's convention: a fully transparent pixel (of the mask, or without one of the
+    image itself) is what to edit. The rest of the picture comes back as it was."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    picture, holed = _holed()
+    client = _client(api_server.url, tenant_key)
+    if with_mask:
+        raw = client.images.with_raw_response.edit(
+            image=("picture.png", _png_bytes(picture), "image/png"),
+            mask=("mask.png", _png_bytes(holed), "image/png"),
+            prompt="a window",
+            response_format="b64_json",
+            extra_body={"steps": 3, "seed": 5},
+        )
+    else:
+        raw = client.images.with_raw_response.edit(
+            image=("holed.png", _png_bytes(holed), "image/png"),
+            prompt="a window",
+            response_format="b64_json",
+            extra_body={"steps": 3, "seed": 5},
+        )
+    answer = raw.parse()
+    made = np.asarray(
+        Image.open(io.BytesIO(base64.b64decode(answer.data[0].b64_json))).convert("RGB")
+    )
+    base = np.asarray(picture)
+    untouched = _far_from((30, 16, 60, 40), picture.size, margin=12)
+    assert made.shape == base.shape
+    assert (made[untouched] == base[untouched]).all()
+    assert np.mean(made[30:40, 35:55] != base[30:40, 35:55]) > 0.5
+    job_id = raw.headers["diffq-job-id"]
+    job = requests.get(f"{api_server.url}/v1/jobs/{job_id}", headers=auth(tenant_key), timeout=10)
+    assert job.json()["input"]["kind"] == "inpaint"
+
+
+def test_images_edit_without_transparency_redraws_the_whole_image(api_server, worker, tenant_key):
+    picture, _ = _holed()
+    client = _client(api_server.url, tenant_key)
+    raw = client.images.with_raw_response.edit(
+        image=("picture.png", _png_bytes(picture), "image/png"),
+        prompt="in autumn",
+        n=2,
+        extra_body={"steps": 4, "strength": 0.5},
+    )
+    answer = raw.parse()
+    assert len(answer.data) == 2
+    job = requests.get(
+        f"{api_server.url}/v1/jobs/{raw.headers['diffq-job-id']}",
+        headers=auth(tenant_key),
+        timeout=10,
+    ).json()
+    assert job["input"]["kind"] == "img2img" and job["input"]["strength"] == 0.5
+    assert job["progress"]["total_steps"] == 2
+
+
+def test_images_edit_refuses_what_it_cannot_run_naming_the_param(api_server, tenant_key):
+    from PIL import Image
+
+    picture, _ = _holed()
+    client = _client(api_server.url, tenant_key)
+    small_mask = Image.new("RGBA", (32, 32), (0, 0, 0, 0))
+    cases = {
+        "mask": dict(
+            image=("picture.png", _png_bytes(picture), "image/png"),
+            mask=("mask.png", _png_bytes(small_mask), "image/png"),
+        ),
+        "image": dict(image=("picture.png", b"not an image", "image/png")),
+    }
+    for param, files in cases.items():
+        with pytest.raises(openai.UnprocessableEntityError) as refused:
+            client.images.edit(prompt="x", **files)
+        assert refused.value.body["param"] == param, refused.value.body

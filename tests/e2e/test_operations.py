@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from testbed.faultproxy import FaultProxy
-from testbed.jobs import submit, wait_terminal
+from testbed.jobs import auth, submit, wait_terminal
 from testbed.ports import free_port, wait_for_port
 from testbed.private_rabbit import PrivateRabbitMQ
 from testbed.processes import ApiServer, ManagedProcess, start_worker
@@ -132,14 +132,19 @@ def _dead_lettered(ops: Ops, key: str, count: int) -> list[str]:
 
 
 def test_metrics_count_exactly_what_happened(ops, tenant_key):
-    api_before = _samples(f"{ops.api.url}/metrics")
+    api_before = _samples(ops.api.metrics_url)
     worker_before = _samples(ops.worker_metrics)
+    # Every outcome the worker can count is exported from 0, before it happens once, so
+    # that rate() sees its first increase.
+    never = {"model": "tiny", "status": "failed", "error_code": "gpu_oom"}
+    key = ("diffq_jobs_finished_total", tuple(sorted(never.items())))
+    assert worker_before.get(key) == 0
     ok = [submit(ops.api.url, tenant_key, prompt=f"ops-ok-{i}", steps=3)["id"] for i in range(5)]
     for job_id in ok:
         assert wait_terminal(ops.api.url, tenant_key, job_id)["status"] == "succeeded"
     failed = _dead_lettered(ops, tenant_key, 2)
 
-    api_after = _samples(f"{ops.api.url}/metrics")
+    api_after = _samples(ops.api.metrics_url)
     worker_after = _samples(ops.worker_metrics)
 
     def delta(before, after, name, **labels):
@@ -171,7 +176,7 @@ def test_metrics_count_exactly_what_happened(ops, tenant_key):
     # Read from RabbitMQ at scrape time (cached 5 s): the two failures wait in the DLQ.
     api_after = wait_until(
         lambda: (
-            (s := _samples(f"{ops.api.url}/metrics"))
+            (s := _samples(ops.api.metrics_url))
             and _value(s, "diffq_dlq_depth", queue="gpu.tiny") == 2
             and s
         ),
@@ -286,6 +291,37 @@ def test_flower_requires_credentials_and_shows_job_ids_not_prompts(ops, tenant_k
     assert "Unable to get queues" not in ops.flower.log()
 
 
+def test_flower_counts_job_outcomes_not_message_outcomes(ops, tenant_key):
+    """An operator reading Flower sees what happened to the jobs: a job that succeeded is
+    a succeeded task, a failed job a failed task, and the message of a job canceled
+    before it ran, which the worker discards, is not a success (revoked)."""
+    done = submit(ops.api.url, tenant_key, prompt="flower ok", steps=2, seed=1)["id"]
+    assert wait_terminal(ops.api.url, tenant_key, done)["status"] == "succeeded"
+    [failed] = _dead_lettered(ops, tenant_key, 1)
+    # A job canceled while it waits behind a long one: its message is discarded unrun.
+    body = {"prompt": "flower long", "width": 256, "height": 192, "steps": 60, "seed": 2}
+    long = submit(ops.api.url, tenant_key, **body)["id"]
+    canceled = submit(ops.api.url, tenant_key, prompt="flower canceled", steps=2, seed=3)["id"]
+    answer = requests.post(
+        f"{ops.api.url}/v1/jobs/{canceled}/cancel", headers=auth(tenant_key), timeout=10
+    )
+    assert answer.status_code == 200, answer.text
+    wait_terminal(ops.api.url, tenant_key, long, timeout=120)
+    ops.worker.wait_for_log(rf"job {canceled} not run: finished", timeout=60)
+    wanted = {done: "SUCCESS", failed: "FAILURE", canceled: "REVOKED"}
+
+    def states():
+        tasks = requests.get(f"{ops.flower_url}/api/tasks", auth=FLOWER_AUTH, timeout=10).json()
+        seen = {job_id: (tasks.get(job_id) or {}).get("state") for job_id in wanted}
+        return seen if seen == wanted else None
+
+    try:
+        wait_until(states, timeout=30, interval=0.5)
+    finally:
+        tasks = requests.get(f"{ops.flower_url}/api/tasks", auth=FLOWER_AUTH, timeout=10).json()
+        print({job_id: (tasks.get(job_id) or {}).get("state") for job_id in wanted})
+
+
 def test_worker_json_logs_carry_the_job_on_every_line_about_it(ops, tenant_key):
     job_id = submit(ops.api.url, tenant_key, prompt="ops-logs", steps=2)["id"]
     wait_terminal(ops.api.url, tenant_key, job_id)
@@ -354,7 +390,7 @@ def test_every_metric_a_dashboard_or_alert_uses_is_exported(ops, tenant_key, mon
     # Exported by the running API and worker, after they have served a job.
     job_id = submit(ops.api.url, tenant_key, prompt="ops-export", steps=2)["id"]
     wait_terminal(ops.api.url, tenant_key, job_id)
-    exported = {name for name, _labels in _samples(f"{ops.api.url}/metrics")}
+    exported = {name for name, _labels in _samples(ops.api.metrics_url)}
     exported |= {name for name, _labels in _samples(ops.worker_metrics)}
     # GPU gauges: the worker's collector, reading a stand-in for NVML.
     monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml)
@@ -366,7 +402,11 @@ def test_every_metric_a_dashboard_or_alert_uses_is_exported(ops, tenant_key, mon
     exported |= gpu
     used = _used_metrics()
     assert used["dashboard"] and used["alerts"]
+    # The webhook worker's (not running here): tests/e2e/test_monitoring.py scrapes it and
+    # fires the alert that reads them.
+    hooks = {name for name in used["alerts"] if name.startswith("diffq_webhook_")}
+    assert hooks == {"diffq_webhook_deliveries_total"}, hooks
     for source, names in used.items():
-        missing = sorted(names - exported)
+        missing = sorted(names - exported - hooks)
         assert not missing, f"the {source} uses metrics nobody exports: {missing}"
     print(f"\n{len(used['dashboard'] | used['alerts'])} metrics used, all exported")

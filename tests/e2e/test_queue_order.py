@@ -86,10 +86,9 @@ def test_a_high_priority_job_starts_before_a_normal_backlog(api_server, worker, 
 
 
 def test_a_long_waiting_low_job_ages_up_past_newer_normal_jobs(api_server, tenant_key, stack, db):
-    from app.broker.publish import Publisher
-    from app.catalog import load_catalog
     from app.config import load_settings
     from app.housekeeping.aging import promote_starving
+    from app.services import Services
 
     low = submit(api_server.url, tenant_key, prompt="patient", model="tiny-b", priority="low")
     wait_until(lambda: get(api_server, tenant_key, low["id"])["queue_position"] is not None)
@@ -97,7 +96,7 @@ def test_a_long_waiting_low_job_ages_up_past_newer_normal_jobs(api_server, tenan
     normals = [submit(api_server.url, tenant_key, prompt=f"n{i}", model="tiny-b") for i in range(3)]
     assert get(api_server, tenant_key, low["id"])["queue_position"] == 3  # behind them all
 
-    publisher = Publisher(load_catalog(load_settings()), embedded=False)
+    publisher = Services(load_settings()).publisher  # a root of its own
     # Waited 1.2 s at 0.5 s per level: low -> normal -> high. The normals (fresh) stay.
     assert promote_starving(db, publisher, aging_seconds=0.5) >= 1
     assert get(api_server, tenant_key, low["id"])["queue_position"] == 0

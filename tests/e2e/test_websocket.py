@@ -180,7 +180,9 @@ def test_the_server_pings_an_idle_socket(api_server, tenant_key):
 @pytest.fixture(scope="module")
 def roomy_api(stack):
     """One gunicorn process with a thread for every socket of the fleet test."""
-    server = ApiServer(stack.env, stack.logs, name="api-ws", workers=1, threads=SOCKETS + 20)
+    # One tenant's fleet: the stream caps lifted (tests/security tests them).
+    env = {**stack.env, "DIFFQ_MAX_TENANT_STREAMS": "0", "DIFFQ_MAX_STREAMS": "0"}
+    server = ApiServer(env, stack.logs, name="api-ws", workers=1, threads=SOCKETS + 20)
     server.start()
     yield server
     server.stop()

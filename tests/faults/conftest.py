@@ -203,7 +203,7 @@ def fault_stack(tmp_path_factory) -> FaultStack:
         # Workers reach S3 through the proxy; the API signs URLs for S3 itself.
         "DIFFQ_S3_PUBLIC_ENDPOINT_URL": s3.endpoint,
         "DIFFQ_PROGRESS_INTERVAL": "0.1",
-        "DIFFQ_LEASE_SECONDS": "6",
+        "DIFFQ_LEASE_SECONDS": "10",  # renewed every 3.3 s: a loaded 2-core host can lag 6
         "DIFFQ_SHUTDOWN_GRACE": "3",
         "DIFFQ_MAX_ATTEMPTS": "3",
         "DIFFQ_RELAY_AFTER": "1",

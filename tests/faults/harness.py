@@ -20,6 +20,32 @@ TERMINAL = {"succeeded", "failed", "canceled"}
 TERMINAL_EVENTS = ("job.succeeded", "job.failed", "job.canceled")
 REPORT: list[Figures] = []
 
+# The faults each scenario must inject, or it fails (`Scenario.report` asserts it). A run
+# in which every scenario passes has injected at least their sum: the README's count.
+FLOORS = {
+    "F1": 70,  # kill -9 of a pool process mid-generation
+    "F2": 3,  # kill -9 of a whole worker
+    "F3": 4,  # SIGTERM rolling restarts
+    "F4": 1,  # broker stopped and restarted
+    "F7": 3,  # a poison job's crashes (the attempt cap)
+    "F8": 10,  # PostgreSQL restarts
+    "F9": 1,  # uploads refused while S3 is down (about 10 a run)
+    "F12": 3,  # killed after recording, before acking
+    "F13": 4,  # jobs over their time limit
+    "F14": 200,  # database connections cut
+    "F15": 1,  # broker kill -9, nothing to publish again
+    "F16": 1,  # broker kill -9 under submits
+    "F17": 1,  # kill -9 mid-batch
+    "F17b": 1,  # a job canceled mid-batch
+    "F18": 4,  # kill -9 mid-job of image-to-image and inpainting jobs (uploaded inputs)
+    "F19": 5,  # a batch through 4 kill -9 and a broker restart
+}
+
+
+def floor_of(scenario: str) -> int:
+    """The floor of a scenario named "F1 …"; 0 for the control run and the soak."""
+    return FLOORS.get(scenario.split(" ", 1)[0], 0)
+
 
 @dataclass
 class Figures:
@@ -173,6 +199,11 @@ class Scenario:
         fig = self.count(rows)
         REPORT.append(fig)
         print("\n" + fig.line())
+        floor = floor_of(fig.scenario)
+        assert fig.faults >= floor, (
+            f"{fig.scenario}: {fig.faults} faults, under its floor of {floor}; the run's count "
+            "(docs/reliability.md) rests on every floor"
+        )
         return fig
 
 
@@ -194,4 +225,40 @@ def write_report(path: Path) -> None:
         totals.duplicate_deliveries += fig.duplicate_deliveries
         totals.undelivered += fig.undelivered
     lines.append(totals.line())
+    ran = {fig.scenario.split(" ", 1)[0] for fig in REPORT}
+    short = [
+        f"{fig.scenario.split(' ', 1)[0]} {fig.faults}/{floor_of(fig.scenario)}"
+        for fig in REPORT
+        if fig.faults < floor_of(fig.scenario)
+    ]
+    missing = sorted(set(FLOORS) - ran, key=lambda n: (int(re.sub(r"\D", "", n)), n))
+    lines.append(
+        f"faults {totals.faults} (floors: {sum(FLOORS.values())} over {len(FLOORS)} scenarios); "
+        f"under their floor: {', '.join(short) or 'none'}; not run: {', '.join(missing) or 'none'}"
+    )
     path.write_text("\n".join(lines) + "\n")
+
+
+class SteadyLoad:
+    """Submits a job every `period` seconds until stopped."""
+
+    def __init__(self, sc: Scenario, period: float, **body) -> None:
+        self.sc, self.period, self.body = sc, period, body
+        self.latencies: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.sc.submit(**self.body)
+            self.latencies.append(time.monotonic() - started)
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> SteadyLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from datetime import UTC, datetime
 
@@ -10,34 +9,9 @@ import pytest
 from sqlalchemy import func, select
 
 from app.jobs.states import JobStatus
-from tests.faults.harness import Scenario
+from tests.faults.harness import Scenario, SteadyLoad
 
 pytestmark = [pytest.mark.faults, pytest.mark.services]
-
-
-class SteadyLoad:
-    """Submits a job every `period` seconds until stopped."""
-
-    def __init__(self, sc: Scenario, period: float, **body) -> None:
-        self.sc, self.period, self.body = sc, period, body
-        self.latencies: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            started = time.monotonic()
-            self.sc.submit(**self.body)
-            self.latencies.append(time.monotonic() - started)
-            self._stop.wait(self.period)
-
-    def __enter__(self) -> SteadyLoad:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def _first_start_after(sc: Scenario, moment: datetime) -> float | None:

@@ -47,11 +47,14 @@ def test_f1_pool_child_killed_mid_generation(fault_stack):
     stack.ensure_workers()
     sc = Scenario("F1 kill -9 pool child, 70 times", stack, stack.new_key())
     killed: set[str] = set()
-    deadline = time.monotonic() + 240
+    # Each kill waits for a new pool process to load the model: about 2.5 s a kill on
+    # an idle 2-core machine (182 s for 70), twice that under load (45 in 240 s). The
+    # budget lets the floor be reached on a loaded machine; an idle one stops at 70.
+    deadline = time.monotonic() + 600
     while len(killed) < 70 and time.monotonic() < deadline:
         rows = sc.rows()
         if sum(not row.status.terminal for row in rows.values()) < 4:
-            sc.submit(prompt="f1", steps=12)  # keep work in flight to kill
+            sc.submit(prompt="f1", steps=40)  # keep work in flight to kill
             continue
         victims = [
             row
@@ -72,10 +75,72 @@ def test_f1_pool_child_killed_mid_generation(fault_stack):
                     sc.figures.recovery_seconds.append(
                         _reclaimed_after(sc, str(victim.id), victim.attempts, started)
                     )
-    fig = sc.report(sc.settle(180))
-    assert fig.faults >= 70
+    fig = sc.report(sc.settle(180))  # asserts its floor: 70
     _assert_nothing_lost(fig, len(sc.accepted))
     assert fig.succeeded == len(sc.accepted)  # one kill per job stays under the cap
+
+
+def test_f18_image_jobs_killed_mid_generation_find_their_inputs_again(fault_stack):
+    """Jobs that start from an uploaded image (img2img, inpainting with an inline mask):
+    the pool process is killed mid-job, the redelivery reads the input from the store
+    again, and every job succeeds once."""
+    import base64
+    import io
+
+    import requests
+    from PIL import Image
+
+    from testbed.jobs import auth
+
+    stack = fault_stack
+    stack.ensure_workers()
+    sc = Scenario("F18 kill -9 mid-job, image inputs", stack, stack.new_key())
+
+    def png(image) -> bytes:
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        return buffer.getvalue()
+
+    picture = Image.new("RGB", (128, 96), (90, 140, 200))
+    answer = requests.post(
+        f"{stack.api.url}/v1/uploads",
+        files={"file": ("in.png", png(picture))},
+        headers=auth(sc.key),
+        timeout=30,
+    )
+    assert answer.status_code == 201, answer.text
+    image = answer.json()["id"]
+    mask = Image.new("L", (128, 96), 0)
+    mask.paste(255, (32, 24, 96, 72))
+    inline = "data:image/png;base64," + base64.b64encode(png(mask)).decode()
+    for i in range(6):
+        if i % 2:
+            sc.submit(kind="inpaint", prompt=f"f18-{i}", image=image, mask=inline, steps=16)
+        else:
+            sc.submit(kind="img2img", prompt=f"f18-{i}", image=image, strength=0.8, steps=20)
+    killed: set[str] = set()
+    deadline = time.monotonic() + 240
+    while len(killed) < 4 and time.monotonic() < deadline:
+        victims = [
+            row
+            for job_id, row in sc.rows().items()
+            if job_id not in killed
+            and row.status == JobStatus.RUNNING
+            and (row.progress or {}).get("stage") == "denoising"
+        ]
+        if not victims:
+            time.sleep(0.05)
+            continue
+        if kill_child(victims[0], sc.row):
+            killed.add(str(victims[0].id))
+            sc.figures.faults += 1
+    fig = sc.report(sc.settle(180))
+    _assert_nothing_lost(fig, len(sc.accepted))
+    assert fig.succeeded == len(sc.accepted)
+    rows = sc.rows()
+    # Each killed job ran again and found its input (a lease lapsed on a loaded host
+    # may add an attempt; the result is still recorded once).
+    assert min(rows[job_id].attempts for job_id in killed) >= 2
 
 
 def test_f2_whole_worker_killed_then_restarted(fault_stack):
@@ -210,9 +275,13 @@ def test_f7_a_poison_job_is_dead_lettered_and_does_not_block_the_queue(fault_sta
     _assert_nothing_lost(fig, len(sc.accepted))
     assert len(during) == len(others)
     assert ratio < 3.0
-    with Connection(stack.env["DIFFQ_BROKER_URL"]) as conn:
-        dead = conn.default_channel.queue_declare("gpu.tiny.dlq", passive=True).message_count
-    assert dead >= 1
+
+    def dead_letters() -> int:
+        with Connection(stack.env["DIFFQ_BROKER_URL"]) as conn:
+            return conn.default_channel.queue_declare("gpu.tiny.dlq", passive=True).message_count
+
+    # The row is failed first, then the message rejected into the dead-letter queue.
+    assert wait_until(dead_letters, timeout=30) >= 1
 
 
 def test_f12_worker_killed_after_recording_before_acking(fault_stack):

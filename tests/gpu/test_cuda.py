@@ -20,7 +20,7 @@ def test_the_tiny_model_generates_in_fp16_on_cuda_reproducibly(tmp_path):
     from dataclasses import replace
 
     from app.catalog import tiny_spec
-    from workers.generation import generate_images
+    from testbed.factories import generate_one, job_request
     from workers.pipelines import load_model, warm_up
     from workers.tiny import build_tiny_model
 
@@ -29,24 +29,25 @@ def test_the_tiny_model_generates_in_fp16_on_cuda_reproducibly(tmp_path):
     assert model.pipeline.unet.dtype == torch.float16
     assert model.pipeline.device.type == "cuda"
     warm_up(model)
-    params = {
-        "prompt": "a red fox",
-        "width": 128,
-        "height": 128,
-        "steps": 8,
-        "guidance_scale": 7.5,
-        "seed": 7,
-        "num_images": 2,
-        "scheduler": "euler",
-    }
+    request = job_request(
+        spec,
+        prompt="a red fox",
+        width=128,
+        height=128,
+        steps=8,
+        guidance_scale=7.5,
+        seed=7,
+        num_images=2,
+        scheduler="euler",
+    )
     steps_seen = []
 
     def on_step(step, total):
         steps_seen.append((step, total))
         return True
 
-    first = generate_images(model.pipeline, params, device="cuda", on_step=on_step)
-    second = generate_images(model.pipeline, params, device="cuda", on_step=lambda *_: True)
+    first = generate_one(model, request, on_step=on_step).images
+    second = generate_one(model, request).images
     assert [image.size for image in first] == [(128, 128), (128, 128)]
     assert steps_seen[-1] == (8, 8)
     assert [im.tobytes() for im in first] == [im.tobytes() for im in second]
@@ -55,7 +56,5 @@ def test_the_tiny_model_generates_in_fp16_on_cuda_reproducibly(tmp_path):
     for image in first:
         low, high = image.convert("L").getextrema()
         assert high > low, "a flat image: the fp16 run produced no picture"
-    other = generate_images(
-        model.pipeline, {**params, "seed": 100}, device="cuda", on_step=lambda *_: True
-    )
+    other = generate_one(model, replace(request, seed=100)).images
     assert other[0].tobytes() != first[0].tobytes()

@@ -46,6 +46,7 @@ def test_list_filters_by_status(client, tenant_key):
         ("cursor=zzz", "cursor"),
         ("cursor=%00", "cursor"),
         ("status=queued%00", "status"),
+        ("stauts=failed", "stauts"),  # a misspelt filter is refused, not ignored
     ],
 )
 def test_bad_list_parameters_are_422(client, tenant_key, query, field):

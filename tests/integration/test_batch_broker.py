@@ -42,9 +42,9 @@ def _ready(stack, queue: str) -> int:
 
 def test_take_ack_pass_back_and_close(stack, queue):
     from app.broker.celery import create_celery
+    from app.broker.rabbitmq import BrokerPermits
     from app.config import load_settings
     from app.services import Services
-    from tasks.batching import BrokerPermits
 
     root = Services(load_settings())  # its own root: the process's stays untouched
     app = create_celery(lambda: root)

@@ -16,6 +16,7 @@ from app.jobs.payload import build_payload
 from app.jobs.service import create_job
 from app.jobs.states import JobStatus, Priority
 from app.keys import get_or_create_tenant
+from app.kinds import request_from_stored
 from workers import execute
 
 pytestmark = pytest.mark.services
@@ -85,7 +86,7 @@ def _new_job(db, tenant: str, **params):
             model="tiny",
             queue=QUEUE,
             priority=Priority.NORMAL,
-            params=full,
+            request=request_from_stored(full),
             metadata=None,
         )
         return job.id, build_payload(job)
@@ -158,7 +159,7 @@ def test_a_batch_takes_compatible_jobs_and_acks_each_after_its_outcome(runtime, 
         assert runtime.postprocessor.drain(timeout=60)
 
     print(f"leader {outcome}; settled {[(p.settled, p.row_when_settled) for p in permits]}")
-    assert outcome.verdict == execute.Verdict.ACK
+    assert outcome.verdict == execute.Verdict.HANDED_OVER
     assert source.closed
     # max_batch 4: at most 3 messages beside the leader's, the passed one included.
     assert source.fetched == 3
@@ -201,7 +202,7 @@ def test_a_model_that_does_not_batch_never_opens_a_source(runtime, db):
         outcome = execute.execute_job(runtime, payload, redelivered=False, open_permits=never)
         if runtime.postprocessor is not None:
             assert runtime.postprocessor.drain(timeout=60)
-        assert outcome.verdict == execute.Verdict.ACK
+        assert outcome.verdict == execute.Verdict.HANDED_OVER
         with db.session() as session:
             assert session.get(Job, job_id).status == JobStatus.SUCCEEDED
     finally:
@@ -229,7 +230,7 @@ def test_a_batch_keeps_its_images_within_the_models_pixel_budget(runtime, db):
         )
         if runtime.postprocessor is not None:
             assert runtime.postprocessor.drain(timeout=60)
-        assert outcome.verdict == execute.Verdict.ACK
+        assert outcome.verdict == execute.Verdict.HANDED_OVER
         assert [p.settled for p in permits] == [["ack"], ["passed"], ["ack"]]
         with db.session() as session:
             assert session.get(Job, too_big).status == JobStatus.QUEUED
@@ -255,7 +256,7 @@ def test_a_broker_lost_while_gathering_leaves_the_job_to_run_alone(runtime, db):
     )
     if runtime.postprocessor is not None:
         assert runtime.postprocessor.drain(timeout=60)
-    assert outcome.verdict == execute.Verdict.ACK and source.closed
+    assert outcome.verdict == execute.Verdict.HANDED_OVER and source.closed
     # The member it had claimed is handed back (redelivered: taken over at once).
     assert member.settled == ["requeue"]
     with db.session() as session:
@@ -292,7 +293,7 @@ def test_fair_share_picks_a_batchs_members_too(runtime, db):
     )
     if runtime.postprocessor is not None:
         assert runtime.postprocessor.drain(timeout=60)
-    assert outcome.verdict == execute.Verdict.ACK
+    assert outcome.verdict == execute.Verdict.HANDED_OVER
     with db.session() as session:
         rows = {j: session.get(Job, j) for j, _ in busy_jobs + light_jobs}
         ran = {j for j, row in rows.items() if row.status == JobStatus.SUCCEEDED}

@@ -14,6 +14,7 @@ from app.db.models import Job, Tenant
 from app.db.types import utcnow
 from app.jobs import fairness, service, transitions
 from app.jobs.states import JobStatus, Priority
+from testbed.factories import job_request
 
 pytestmark = pytest.mark.services
 
@@ -36,7 +37,7 @@ def _queued(session, tenant, queue: str, n: int, priority=Priority.NORMAL) -> li
             model="tiny",
             queue=queue,
             priority=priority,
-            params={"prompt": f"p{i}", "steps": 2, "seed": i},
+            request=job_request(model="tiny", prompt=f"p{i}", steps=2, seed=i),
             metadata=None,
         )
         job.published_at = utcnow()

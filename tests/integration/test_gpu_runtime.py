@@ -18,7 +18,8 @@ from app.jobs.payload import build_payload
 from app.jobs.service import create_job
 from app.jobs.states import ErrorCode, JobStatus, Priority
 from app.keys import get_or_create_tenant
-from workers import execute
+from app.kinds import request_from_stored
+from workers import execute, run
 
 pytestmark = pytest.mark.services
 
@@ -70,7 +71,7 @@ def _new_job(db, **params):
             model="tiny",
             queue="gpu.tiny",
             priority=Priority.NORMAL,
-            params=full,
+            request=request_from_stored(full),
             metadata=None,
         )
         return job.id, build_payload(job)
@@ -96,14 +97,14 @@ def test_an_oom_fails_the_job_frees_its_memory_and_the_next_job_runs(
         raise OOM_ERRORS[kind]()
 
     alive_when_freed: list[bool] = []
-    free = execute._free_accelerator_memory
+    free = run.free_accelerator_memory
 
     def probe() -> None:
         free()
         alive_when_freed.append(held[0]() is not None)
 
     monkeypatch.setattr(unet, "forward", out_of_memory)
-    monkeypatch.setattr(execute, "_free_accelerator_memory", probe)
+    monkeypatch.setattr(run, "free_accelerator_memory", probe)
     job_id, payload = _new_job(db)
     outcome = execute.execute_job(runtime, payload, redelivered=False)
     monkeypatch.setattr(unet, "forward", forward)
@@ -118,7 +119,7 @@ def test_an_oom_fails_the_job_frees_its_memory_and_the_next_job_runs(
     assert alive_when_freed == [False]
 
     next_id, next_payload = _new_job(db, seed=2)
-    assert execute.execute_job(runtime, next_payload, redelivered=False).verdict == "ack"
+    assert execute.execute_job(runtime, next_payload, redelivered=False).verdict == "handed_over"
     _recorded(runtime)
     with db.session() as session:
         assert session.get(Job, next_id).status == JobStatus.SUCCEEDED
@@ -170,6 +171,41 @@ def test_the_next_job_starts_while_the_last_one_is_uploaded(runtime, db, monkeyp
         after = session.get(Job, job_id)
         final, images = after.status, (after.result or {}).get("images", [])
     print(f"returned: {outcome.reason}; row then {status.value}, after the drain {final.value}")
-    assert outcome.verdict == execute.Verdict.ACK
+    assert outcome.verdict == execute.Verdict.HANDED_OVER
     assert status == JobStatus.RUNNING and owner == runtime.owner  # still leased, not lost
     assert final == JobStatus.SUCCEEDED and len(images) == 1
+
+
+def test_an_outcome_the_database_refuses_ends_the_job_at_once(runtime, db, monkeypatch):
+    """A value PostgreSQL cannot store (here a NUL in the manifest, which JSONB refuses)
+    would be refused on every retry and every run: the job ends failed with
+    `outcome_refused` on its first run and its dead letter is written, instead of going
+    back through lease expiry three times. A non-finite float, which JSON cannot say,
+    is stored as a string."""
+    model = runtime.models["tiny"]
+    manifest = dict(model.manifest or {})
+    letters = []
+    monkeypatch.setattr(runtime, "dead_letter", lambda job, reason: letters.append(reason))
+    monkeypatch.setattr(model, "manifest", {**manifest, "note": "a\x00b"})
+    job_id, payload = _new_job(db, seed=4)
+    outcome = execute.execute_job(runtime, payload, redelivered=False)
+    _recorded(runtime)
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        status, code, attempts, lease = job.status, job.error_code, job.attempts, job.lease_owner
+    print(f"refused: {status.value} {code} after {attempts} run(s); {outcome.reason}; {letters}")
+    assert status == JobStatus.FAILED and code == ErrorCode.OUTCOME_REFUSED.value
+    assert attempts == 1 and lease is None
+    if runtime.postprocessor is not None:  # failed after the hand-over: its dead letter
+        assert outcome.verdict == execute.Verdict.HANDED_OVER and len(letters) == 1
+    else:  # inline: the task dead-letters the message itself
+        assert outcome.verdict == execute.Verdict.DEAD_LETTER and letters == []
+
+    monkeypatch.setattr(model, "manifest", {**manifest, "floor": float("-inf")})
+    job_id, payload = _new_job(db, seed=5)
+    execute.execute_job(runtime, payload, redelivered=False)
+    _recorded(runtime)
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        assert job.status == JobStatus.SUCCEEDED, (job.error_code, job.error_message)
+        assert job.manifest["floor"] == "-Infinity"

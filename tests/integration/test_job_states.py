@@ -7,6 +7,7 @@ import pytest
 from app.jobs import service, transitions
 from app.jobs.states import ErrorCode, JobStatus, Priority
 from app.jobs.transitions import ClaimKind
+from testbed.factories import job_request
 
 pytestmark = pytest.mark.services
 
@@ -23,7 +24,7 @@ def job_id(db):
             model="tiny",
             queue="gpu.tiny",
             priority=Priority.NORMAL,
-            params={"prompt": "p", "steps": 4, "seed": 1},
+            request=job_request(model="tiny", prompt="p", steps=4, seed=1),
             metadata=None,
         )
         return job.id
@@ -110,7 +111,7 @@ def test_a_webhook_event_commits_with_its_change_or_not_at_all(db):
             model="tiny",
             queue="gpu.tiny",
             priority=Priority.NORMAL,
-            params={"prompt": "p", "steps": 4, "seed": 1},
+            request=job_request(model="tiny", prompt="p", steps=4, seed=1),
             metadata=None,
             webhook_url="https://hooks.example.com/in",
             webhook_events=["job.running", "job.failed"],

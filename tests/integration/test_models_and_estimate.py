@@ -10,6 +10,7 @@ import pytest
 from app.db.types import utcnow
 from app.jobs.estimate import estimate, work
 from app.jobs.states import JobStatus, Priority
+from testbed.factories import job_request
 from testbed.jobs import auth
 
 pytestmark = pytest.mark.services
@@ -29,7 +30,14 @@ def test_models_list_every_model_with_its_limits(client, tenant_key, flask_app):
         assert model["schedulers"] == list(spec.schedulers)
         assert model["sizes"] == list(spec.sizes)
         assert model["sizes_required"] is spec.sizes_required
+        assert model["kinds"] == list(spec.kinds)
         assert "path" not in model and "queue" not in model
+    kinds = {model["name"]: model["kinds"] for model in body["data"]}
+    assert kinds["tiny"] == ["txt2img", "img2img", "inpaint"] and kinds["tiny-b"] == ["txt2img"]
+    adapters = {
+        m["name"]: (m["lora_family"], m["max_loras"], m["shared_adapters"]) for m in body["data"]
+    }
+    assert adapters == {"tiny": ("tiny", 2, ["ink"]), "tiny-b": (None, 0, [])}
 
 
 @pytest.mark.parametrize(
@@ -40,6 +48,7 @@ def test_models_list_every_model_with_its_limits(client, tenant_key, flask_app):
         ("num_images=3", "num_images", "between 1 and 2"),
         ("width=128&height=128", "width", "8192"),
         ("steps=x", "steps", "integer"),
+        ("loras=1", "loras", "At most 0 adapters"),
     ],
 )
 def test_an_estimate_breaking_a_limit_is_a_422_naming_the_field(
@@ -48,6 +57,14 @@ def test_an_estimate_breaking_a_limit_is_a_422_naming_the_field(
     response = client.get(f"/v1/models/tiny-b/estimate?{query}", headers=auth(tenant_key))
     assert response.status_code == 422
     assert fragment in " ".join(response.json["errors"]["query"][field])
+
+
+def test_an_estimate_counts_the_jobs_adapters(client, tenant_key):
+    plain = client.get("/v1/models/tiny/estimate", headers=auth(tenant_key))
+    two = client.get("/v1/models/tiny/estimate?loras=2", headers=auth(tenant_key))
+    assert plain.status_code == two.status_code == 200, two.json  # the work: tests/unit
+    three = client.get("/v1/models/tiny/estimate?loras=3", headers=auth(tenant_key))
+    assert three.status_code == 422 and "loras" in three.json["errors"]["query"]
 
 
 def test_an_estimate_for_an_unknown_model_is_a_404(client, tenant_key):
@@ -66,12 +83,12 @@ def test_a_valid_estimate_answers_with_the_models_figures(client, tenant_key):
 
 
 def test_work_grows_with_pixels_steps_and_images():
-    base = work({"width": 512, "height": 512, "steps": 1, "num_images": 1})
-    assert base == 1.0
-    assert work({"width": 1024, "height": 512, "steps": 3, "num_images": 2}) == 12.0
+    base = job_request(width=512, height=512, steps=1, num_images=1)
+    assert base.work == 1.0 == work(base.stored())
+    assert job_request(width=1024, height=512, steps=3, num_images=2).work == 12.0
 
 
-def _job(session, tenant_id, model, status, params, *, ran=None, progress=None):
+def _job(session, tenant_id, model, status, request, *, ran=None, progress=None):
     from app.jobs import service
 
     job = service.create_job(
@@ -80,7 +97,7 @@ def _job(session, tenant_id, model, status, params, *, ran=None, progress=None):
         model=model,
         queue=f"gpu.{model}",
         priority=Priority.NORMAL,
-        params={"num_images": 1, **params},
+        request=request,
         metadata=None,
     )
     job.status = status
@@ -100,25 +117,40 @@ def test_the_estimate_fits_size_and_charges_the_queue(db, tenant_key):
     model = f"est-{uuid.uuid4().hex[:8]}"  # a model of its own: no other test's jobs
     with db.session() as session:
         tenant = get_or_create_tenant(session, model)
-        assert estimate(session, model, f"gpu.{model}", {"width": 64}).run_seconds is None
+        asked = job_request(model=model, width=64)
+        assert estimate(session, model, f"gpu.{model}", asked).run_seconds is None
         # Finished jobs that took exactly 1 s + 2 s per unit (a 512 x 512 step).
         for side, steps in ((64, 4), (128, 4), (256, 8), (512, 8)):
-            params = {"width": side, "height": side, "steps": steps}
-            _job(session, tenant.id, model, JobStatus.SUCCEEDED, params, ran=1 + 2 * work(params))
+            done = job_request(model=model, width=side, height=side, steps=steps)
+            _job(session, tenant.id, model, JobStatus.SUCCEEDED, done, ran=1 + 2 * done.work)
         for _ in range(2):  # 5 s each
-            _job(
-                session,
-                tenant.id,
-                model,
-                JobStatus.QUEUED,
-                {"width": 256, "height": 256, "steps": 8},
-            )
+            waiting = job_request(model=model, width=256, height=256, steps=8)
+            _job(session, tenant.id, model, JobStatus.QUEUED, waiting)
         # Running for 1 s, 2 of 8 steps done: 3 s left at its own pace.
         progress = {"stage": "denoising", "step": 2, "total_steps": 8}
-        _job(session, tenant.id, model, JobStatus.RUNNING, {"steps": 8}, progress=progress)
+        running = job_request(model=model, steps=8)
+        _job(session, tenant.id, model, JobStatus.RUNNING, running, progress=progress)
         session.commit()
-        found = estimate(session, model, f"gpu.{model}", {"width": 512, "height": 512, "steps": 8})
+        asked = job_request(model=model, width=512, height=512, steps=8)
+        found = estimate(session, model, f"gpu.{model}", asked)
     print(f"estimate: {found}")
     assert found.samples == 4 and found.queued == 2 and found.running == 1
     assert found.run_seconds == pytest.approx(17.0, abs=0.1)
     assert found.queue_seconds == pytest.approx(13.0, abs=0.3)
+
+
+def test_an_image_jobs_estimate_counts_the_steps_its_strength_leaves(client, tenant_key):
+    """img2img and inpaint are estimated at their output's size and int(steps x strength)
+    steps; a strength that leaves no step, or one on a kind without it, is a 422."""
+    base = "/v1/models/tiny/estimate?width=64&height=64&steps=8"
+    for query in ("&kind=img2img&strength=0.5", "&kind=inpaint", "&kind=img2img"):
+        answer = client.get(base + query, headers=auth(tenant_key))
+        assert answer.status_code == 200, (query, answer.json)
+    for query, field in (
+        ("&kind=img2img&strength=0.05", "strength"),
+        ("&strength=0.5", "strength"),  # txt2img has none
+        ("&kind=img2img", "kind"),  # on tiny-b, which offers txt2img only
+    ):
+        path = base.replace("/tiny/", "/tiny-b/") if field == "kind" else base
+        answer = client.get(path + query, headers=auth(tenant_key))
+        assert answer.status_code == 422 and field in answer.json["errors"]["query"], query

@@ -12,6 +12,7 @@ from app.catalog import Catalog, ModelSpec
 from app.config import load_settings
 from app.jobs import service
 from app.jobs.states import JobStatus, Priority
+from testbed.factories import job_request
 
 pytestmark = pytest.mark.services
 
@@ -29,7 +30,7 @@ def test_readyz_gates_on_the_database_not_the_broker(stack):
     from tasks.celery_app import create_celery
 
     app = _app()
-    app.extensions["diffq"].publisher._celery = create_celery(
+    app.extensions["diffq"].publisher.celery = create_celery(
         broker_url="amqp://guest:guest@127.0.0.1:1//"
     )
     ready = app.test_client().get("/readyz")
@@ -105,7 +106,7 @@ def _job(session, tenant_id, queue, model, steps, **fields):
         model=model,
         queue=queue,
         priority=Priority.NORMAL,
-        params={"prompt": "p", "steps": steps, "num_images": 1, "seed": 1},
+        request=job_request(model=model, prompt="p", steps=steps, seed=1),
         metadata=None,
     )
     for name, value in fields.items():
@@ -145,11 +146,41 @@ def test_backlog_counts_gpu_seconds_of_queued_jobs_only(db):
     backlog = backlog_seconds(db)
     print(f"backlog {queue}: {backlog.get(queue)} s, {fresh_queue}: {backlog.get(fresh_queue)} s")
     assert backlog[queue] == pytest.approx(10.0)
-    assert backlog[fresh_queue] == pytest.approx(3 * FALLBACK_UNIT_SECONDS)
+    # The fallback is a second per unit: a step of one 512 x 512 image (these are 64 x 64).
+    assert backlog[fresh_queue] == pytest.approx(3 * FALLBACK_UNIT_SECONDS * 64 * 64 / 512**2)
 
 
-def test_backlog_is_exported_on_the_api_metrics(client):
-    text = client.get("/metrics").get_data(as_text=True)
+def test_backlog_charges_each_queued_job_for_its_size(db):
+    """A unit is one step of one 512 x 512 image: two 256 x 192 jobs queued behind a model
+    that ran 64 x 64 and 256 x 192 jobs are charged as 256 x 192 jobs."""
+    from app.db.types import utcnow
+    from app.keys import get_or_create_tenant
+    from app.metrics.backlog import backlog_seconds
+
+    run = uuid.uuid4().hex[:8]
+    queue, model = f"gpu.sized-{run}", f"sized-{run}"
+    now = utcnow()
+    with db.session() as session:
+        tenant = get_or_create_tenant(session, f"sized-{run}")
+        # 64 x 64 in 1 s and 256 x 192 in 4 s, 8 steps each: fixed 8/11 s, 24/11 s a unit.
+        for (width, height), seconds in (((64, 64), 1.0), ((256, 192), 4.0)):
+            job = _job(session, tenant.id, queue, model, 8, status=JobStatus.SUCCEEDED)
+            job.input = {**job.input, "width": width, "height": height}
+            job.started_at = now - timedelta(seconds=seconds + 1)
+            job.finished_at = now - timedelta(seconds=1)
+        for _ in range(2):
+            job = _job(session, tenant.id, queue, model, 8)
+            job.input = {**job.input, "width": 256, "height": 192}
+    backlog = backlog_seconds(db)
+    print(f"backlog of two 256x192 jobs: {backlog[queue]} s")
+    assert backlog[queue] == pytest.approx(8.0)  # 4 s each, as the larger success took
+
+
+def test_backlog_is_exported_on_the_api_metrics(flask_app, client):
+    # On the metrics port (app/web/edge.py): the public port has no /metrics.
+    port = flask_app.extensions["diffq"].settings.api_metrics_port
+    assert client.get("/metrics").status_code == 404
+    text = client.get("/metrics", base_url=f"http://localhost:{port}").get_data(as_text=True)
     assert 'diffq_queue_backlog_gpu_seconds{queue="gpu.tiny"}' in text
 
 

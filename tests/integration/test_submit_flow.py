@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ from app.db.models import Job, Tenant
 from app.db.types import utcnow
 from app.jobs import service
 from app.jobs.states import JobStatus
-from app.jobs.submit import Caps, JobRequest, Refused, submit_job
+from app.jobs.submit import Caps, Refused, Submission, submit_job
+from testbed.factories import job_request
 from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
@@ -34,9 +36,9 @@ class FakePublisher:
         return self.confirms
 
 
-def _request(prompt: str = "flow") -> JobRequest:
-    params = {"prompt": prompt, "model": "tiny", "steps": 2, "num_images": 1}
-    return JobRequest(spec=SPEC, params={**params, "priority": "normal", "seed": 1})
+def _request(prompt: str = "flow") -> Submission:
+    request = job_request(SPEC, prompt=prompt, steps=2, seed=1)
+    return Submission(spec=SPEC, request=request)
 
 
 def _tenant(db) -> uuid.UUID:
@@ -125,9 +127,9 @@ def test_the_submitted_job_is_the_row_as_stored(db, caps):
     """The job a submit answers with is built from the values it inserted, not read back:
     every attribute must be what the row holds."""
     tenant_id = _tenant(db)
-    request = JobRequest(
+    request = Submission(
         spec=SPEC,
-        params={**_request().params, "width": 64},
+        request=replace(_request().request, width=64),
         metadata={"order": 7},
         cancel_after=600,
         webhook="https://hooks.example.com/in",

@@ -56,6 +56,7 @@ CASES = [
     ("webhook", {"webhook": "http://localhost:8000/hook"}, "not a public address"),
     ("webhook", {"webhook": "http://[::ffff:7f00:1]/hook"}, "IPv4-mapped"),
     ("webhook", {"webhook": "http://[fe80::1%25eth0]/hook"}, "not a public address"),
+    ("webhook", {"webhook": "http://[::1]/hook"}, "::1 is not a public address (loopback)"),
     # PostgreSQL cannot store U+0000: bad input naming the field, never a store error.
     ("prompt", {"prompt": "a\x00b"}, "NUL"),
     ("negative_prompt", {"negative_prompt": "\x00"}, "NUL"),
@@ -163,8 +164,11 @@ def test_malformed_json_is_a_400(client, tenant_key):
 
 
 def test_oversized_body_is_a_413(client, tenant_key, db):
+    from app.config import load_settings
+
     jobs_before = _job_count(db)
-    body = json.dumps({"prompt": "x", "metadata": {"pad": "y" * 70_000}})
+    pad = "y" * (load_settings().max_body_bytes + 1)
+    body = json.dumps({"prompt": "x", "metadata": {"pad": pad}})
     response = client.post(
         "/v1/jobs", data=body, headers={**auth(tenant_key), "Content-Type": "application/json"}
     )

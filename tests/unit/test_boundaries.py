@@ -44,7 +44,7 @@ def test_the_domain_imports_neither_flask_nor_torch():
 
 def test_workers_import_no_flask():
     loaded = _modules_after(
-        "import workers.execute, workers.runtime, workers.generation, workers.supervisor"
+        "import workers.execute, workers.runtime, workers.call, workers.supervisor"
     )
     assert not loaded & {"flask", "flask_smorest", "werkzeug"}
 

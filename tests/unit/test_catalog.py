@@ -47,6 +47,10 @@ def test_entries_get_their_own_queue_and_relative_paths_resolve(tmp_path):
         ('queue = "q"', "path is required"),
         ('path = "/m"\nschedulers = ["magic"]', "unknown schedulers"),
         ('path = "/m"\ndefault_width = 100', "default_width"),
+        ('path = "/m"\nmax_width = 256\nmax_pixels = 65536', "default_width"),  # 512 > 256
+        ('path = "/m"\nkinds = ["txt2img", "video"]', "kinds must be some of"),
+        ('path = "/m"\nkinds = []', "kinds must be some of"),
+        ('path = "/m"\nmax_steps = 1000', "max_steps must be at most 999"),
     ],
 )
 def test_unsafe_or_broken_entries_are_refused(tmp_path, table, fragment):

@@ -69,3 +69,20 @@ def test_deploy_manifests_parse_and_only_set_known_settings():
         assert list(yaml.safe_load_all(text)), path
         used = set(re.findall(r"\b(DIFFQ_[A-Z0-9_]+)\b", text))
         assert used <= known, (path, used - known)
+
+
+def test_the_fault_count_the_readme_claims_is_the_sum_of_the_scenarios_floors():
+    from tests.faults.harness import FLOORS
+
+    total = sum(FLOORS.values())
+    assert total >= 300, "the README says a passing fault run injects over 300"
+    assert f"{total} in all, `FLOORS` in `tests/faults/harness.py`" in README
+    assert "has injected over 300" in README
+    # Every fault scenario of the suite has a floor, and every floor a scenario.
+    names = set()
+    for path in (ROOT / "tests" / "faults").glob("test_*.py"):
+        names |= {
+            m.upper().replace("B", "b")
+            for m in re.findall(r"^def test_(f\d+b?)_", path.read_text(), re.M)
+        }
+    assert names == set(FLOORS), (sorted(names), sorted(FLOORS))

@@ -90,6 +90,7 @@ def test_a_webhooks_data_is_the_apis_job_object(settings_env):
     """The delivery worker's view of a job equals the API's answer for it (both signed
     and linked against DIFFQ_PUBLIC_URL), field for field."""
     import tasks.webhooks
+    from app import services as root
     from app.config import load_settings
     from app.web.factory import create_app
     from app.web.resources.jobs.presenter import job_view
@@ -97,12 +98,10 @@ def test_a_webhooks_data_is_the_apis_job_object(settings_env):
     from app.web.services import services
 
     job = _job()
-    tasks.webhooks._context.cache_clear()
     try:
-        _db, _config, webhook_view = tasks.webhooks._context()
-        data = webhook_view(job)
+        data = tasks.webhooks.worker_root().view(job)
     finally:
-        tasks.webhooks._context.cache_clear()
+        root.reset()
     flask_app = create_app(load_settings())
     with flask_app.test_request_context(base_url=PUBLIC_URL):
         svc = services()
@@ -127,8 +126,7 @@ def test_the_webhook_worker_renders_jobs_without_flask(tmp_path):
         "app.loader.import_default_modules()  # the task modules, as the worker does\n"
         "import tasks.webhooks\n"
         "from tests.unit.test_job_view import _job\n"
-        "db, config, view = tasks.webhooks._context()\n"
-        "data = view(_job())\n"
+        "data = tasks.webhooks.worker_root().view(_job())\n"
         "assert data['urls']['self'].startswith('https://api.example.com/v1/jobs/'), data\n"
         "print(' '.join(sorted(sys.modules)))\n"
     )

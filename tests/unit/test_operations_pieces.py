@@ -11,7 +11,6 @@ import pytest
 from app.broker.deadletters import DeadLetter, Selection
 from app.logs import JobContextFilter, JsonFormatter, job_context
 from cli import main
-from cli.serve import management_api_url
 
 
 def _record(message: str, args=None) -> logging.LogRecord:
@@ -44,9 +43,20 @@ def test_flower_is_not_served_without_credentials(monkeypatch, capsys):
     assert "DIFFQ_FLOWER_AUTH" in capsys.readouterr().err
 
 
-def test_the_management_api_is_found_beside_the_broker():
-    url = management_api_url("amqp://ops:p%40ss@rabbit.internal:5672/diffq")
-    assert url == "http://ops:p%40ss@rabbit.internal:15672/api/"
+def test_the_management_api_is_found_beside_the_broker(tmp_path):
+    from app.broker.backend import broker_for
+    from app.config import load_settings
+
+    home = {"DIFFQ_HOME": str(tmp_path)}
+    settings = load_settings(
+        {**home, "DIFFQ_BROKER_URL": "amqp://ops:p%40ss@rabbit.internal:5672/x"}
+    )
+    assert broker_for(settings).management_url() == "http://ops:p%40ss@rabbit.internal:15672/api/"
+    named = load_settings(
+        {**home, "DIFFQ_BROKER_URL": "amqp://h//", "DIFFQ_RABBITMQ_API_URL": "http://m:1/api/"}
+    )
+    assert broker_for(named).management_url() == "http://m:1/api/"
+    assert broker_for(load_settings(home)).management_url() is None  # the embedded broker
 
 
 def test_a_dead_letter_selection_must_name_what_it_takes():

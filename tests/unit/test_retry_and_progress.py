@@ -115,6 +115,38 @@ def test_steps_are_throttled_and_the_last_one_is_written():
     assert steps == sorted(steps) and steps[-1] == 20
 
 
+def test_the_first_stage_is_written_beside_the_run_not_before_it():
+    written = []
+    owner = [True]
+
+    def slow_write(progress):
+        time.sleep(0.2)  # a database round trip under load
+        written.append(progress)
+        return owner[0]
+
+    reporter = ProgressReporter(slow_write, interval=0.0)
+    started = time.perf_counter()
+    assert reporter.begin("encoding_prompt", 0, 4) is True
+    assert time.perf_counter() - started < 0.05  # the GPU does not wait for the write
+    deadline = time.monotonic() + 5
+    while not written and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert written[0]["stage"] == "encoding_prompt"
+    reporter.stage("uploading", 4, 4)
+    assert written[-1]["stage"] == "uploading"
+    # A first write that finds the job lost stops the run at its first step.
+    owner[0] = False
+    lost = ProgressReporter(slow_write, interval=0.0)
+    assert lost.begin("encoding_prompt", 0, 4) is True
+    deadline = time.monotonic() + 5
+    while lost.owner and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert lost.step(1, 4) is False
+    stop = threading.Event()
+    stop.set()
+    assert ProgressReporter(slow_write, interval=0.0, stop=stop).begin("encoding_prompt") is False
+
+
 def test_a_lost_claim_or_a_cancel_stops_the_run_at_the_next_step():
     reporter = ProgressReporter(lambda _p: False, interval=0.0)
     assert reporter.stage("encoding_prompt") is False

@@ -109,6 +109,27 @@ def test_refused_by_form_and_literal_address(url):
         resolve_target(url, resolve=fake_dns({"example.com": ["93.184.215.14"]}))
 
 
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://[::1]/hook", "::1 is not a public address (loopback)"),
+        ("http://[::]/hook", ":: is not a public address (unspecified)"),
+        ("http://127.0.0.1/hook", "127.0.0.1 is not a public address (loopback)"),
+        ("http://10.1.2.3/hook", "10.1.2.3 is not a public address (private)"),
+        ("http://[fe80::1]/hook", "fe80::1 is not a public address (link-local)"),
+        ("http://[::127.0.0.1]/hook", "embeds an IPv4 address"),
+        ("http://[::ffff:10.0.0.1]/hook", "IPv4-mapped"),
+        ("http://[64:ff9b::a00:1]/hook", "embeds an IPv4 address"),
+    ],
+)
+def test_each_refusal_gives_the_right_reason(url, reason):
+    with pytest.raises(UnsafeUrl) as refused:
+        check_url(url)
+    assert reason in str(refused.value)
+    if "loopback" in reason or "unspecified" in reason:
+        assert "IPv4" not in str(refused.value)
+
+
 @pytest.mark.parametrize("url", REFUSED_AFTER_RESOLVING)
 def test_refused_once_resolved(url):
     with pytest.raises(UnsafeUrl, match="not a public address"):

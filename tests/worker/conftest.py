@@ -18,3 +18,14 @@ def tiny_pipeline():
     pipeline.set_progress_bar_config(disable=True)
     yield pipeline
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_pipeline):
+    """The tiny pipeline as a worker holds a loaded model (workers/pipelines.py)."""
+    from pathlib import Path
+
+    from app.catalog import tiny_spec
+    from workers.pipelines import LoadedModel
+
+    return LoadedModel(tiny_spec(Path("/models/tiny")), tiny_pipeline, "cpu", 0.0)

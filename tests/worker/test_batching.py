@@ -4,13 +4,17 @@ step (its rows cut, nothing of it decoded), and what may share a batch."""
 from __future__ import annotations
 
 import io
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from testbed.factories import job_params
-from workers.batching import batch_key, compatible, generate_batch
-from workers.generation import Interrupted, generate
+from app.catalog import tiny_spec
+from app.kinds import compatible, kind_of
+from testbed.factories import generate_one, job_request
+from workers.call import Interrupted, generate
+from workers.pipelines import LoadedModel
 
 
 def _png(image) -> bytes:
@@ -19,9 +23,9 @@ def _png(image) -> bytes:
     return buffer.getvalue()
 
 
-def _run(pipeline, jobs, on_step=None):
+def _run(model, jobs, on_step=None):
     steps = on_step or [lambda s, t: True] * len(jobs)
-    return generate_batch(pipeline, jobs, device="cpu", on_step=steps)
+    return generate(model, jobs, on_step=steps)
 
 
 @pytest.fixture
@@ -39,21 +43,21 @@ def decodes(tiny_pipeline, monkeypatch):
 
 
 @pytest.mark.parametrize("scheduler", ["default", "euler_a"])
-def test_each_job_keeps_its_seed_whatever_it_is_batched_with(tiny_pipeline, scheduler):
-    job = job_params(prompt="a red cube", seed=11, scheduler=scheduler)
-    with_one = [job, job_params(prompt="a blue sphere", seed=5, scheduler=scheduler)]
+def test_each_job_keeps_its_seed_whatever_it_is_batched_with(tiny_model, scheduler):
+    job = job_request(prompt="a red cube", seed=11, scheduler=scheduler)
+    with_one = [job, job_request(prompt="a blue sphere", seed=5, scheduler=scheduler)]
     with_other = [
         job,
-        job_params(prompt="grass", negative_prompt="fog", seed=99, scheduler=scheduler),
+        job_request(prompt="grass", negative_prompt="fog", seed=99, scheduler=scheduler),
     ]
-    first = _run(tiny_pipeline, with_one)
-    second = _run(tiny_pipeline, with_other)
+    first = _run(tiny_model, with_one)
+    second = _run(tiny_model, with_other)
     # Same batch shape, other companions: the job's image is the same bytes.
     assert _png(first[0].images[0]) == _png(second[0].images[0])
     assert _png(first[1].images[0]) != _png(second[1].images[0])
     # Alone (one row instead of two): the same image, up to float rounding in kernels
     # whose summation order depends on the batch's size (MKL/oneDNN on CPU, cuBLAS).
-    alone = generate(tiny_pipeline, job, device="cpu", on_step=lambda s, t: True).images[0]
+    alone = generate_one(tiny_model, job).images[0]
     batched = np.asarray(first[0].images[0], dtype=int)
     difference = np.abs(np.asarray(alone, dtype=int) - batched)
     other = np.abs(np.asarray(first[1].images[0], dtype=int) - batched)
@@ -66,9 +70,9 @@ def test_each_job_keeps_its_seed_whatever_it_is_batched_with(tiny_pipeline, sche
     assert other.max() > 50  # a different seed is a different image
 
 
-def test_a_job_with_several_images_gets_seed_seed_plus_one(tiny_pipeline):
-    jobs = [job_params(seed=3, num_images=2), job_params(prompt="other", seed=4)]
-    out = _run(tiny_pipeline, jobs)
+def test_a_job_with_several_images_gets_seed_seed_plus_one(tiny_model):
+    jobs = [job_request(seed=3, num_images=2), job_request(prompt="other", seed=4)]
+    out = _run(tiny_model, jobs)
     assert [len(o.images) for o in out] == [2, 1]
     # Image 1 of job 0 (seed 4) and job 1 (seed 4) share their starting noise but not
     # their prompt; image 0 of job 0 (seed 3) is another image altogether.
@@ -77,12 +81,12 @@ def test_a_job_with_several_images_gets_seed_seed_plus_one(tiny_pipeline):
 
 @pytest.mark.parametrize("scheduler", ["default", "euler_a", "dpm++", "lms", "pndm"])
 def test_a_job_that_leaves_is_cut_from_the_batch_and_the_others_finish(
-    tiny_pipeline, decodes, scheduler
+    tiny_model, decodes, scheduler
 ):
     jobs = [
-        job_params(seed=1, steps=6, scheduler=scheduler),
-        job_params(prompt="leaves", seed=2, steps=6, num_images=2, scheduler=scheduler),
-        job_params(prompt="stays", seed=3, steps=6, scheduler=scheduler),
+        job_request(seed=1, steps=6, scheduler=scheduler),
+        job_request(prompt="leaves", seed=2, steps=6, num_images=2, scheduler=scheduler),
+        job_request(prompt="stays", seed=3, steps=6, scheduler=scheduler),
     ]
     seen = {0: [], 1: [], 2: []}
 
@@ -93,7 +97,7 @@ def test_a_job_that_leaves_is_cut_from_the_batch_and_the_others_finish(
 
         return step
 
-    out = _run(tiny_pipeline, jobs, [on_step(0), on_step(1, leave_at=2), on_step(2)])
+    out = _run(tiny_model, jobs, [on_step(0), on_step(1, leave_at=2), on_step(2)])
     print(f"{scheduler}: steps seen {seen}, decode batch sizes {decodes}")
     assert out[1] is None
     assert [len(out[0].images), len(out[2].images)] == [1, 1]
@@ -103,17 +107,17 @@ def test_a_job_that_leaves_is_cut_from_the_batch_and_the_others_finish(
     assert decodes == [2]  # only the two staying images were decoded
 
 
-def test_when_every_job_leaves_nothing_is_decoded(tiny_pipeline, decodes):
-    jobs = [job_params(seed=1, steps=6), job_params(seed=2, steps=6)]
+def test_when_every_job_leaves_nothing_is_decoded(tiny_model, decodes):
+    jobs = [job_request(seed=1, steps=6), job_request(seed=2, steps=6)]
     with pytest.raises(Interrupted):
-        _run(tiny_pipeline, jobs, [lambda s, t: s < 2, lambda s, t: s < 3])
+        _run(tiny_model, jobs, [lambda s, t: s < 2, lambda s, t: s < 3])
     assert decodes == []
 
 
-def test_what_may_share_a_batch():
-    base = job_params(model="tiny")
-    assert compatible(base, job_params(model="tiny", prompt="x", negative_prompt="y", seed=1))
-    assert compatible(base, job_params(model="tiny", num_images=3, output_format="jpeg"))
+def test_what_may_share_a_batch(tiny_model):
+    base = job_request(model="tiny")
+    assert compatible(base, job_request(model="tiny", prompt="x", negative_prompt="y", seed=1))
+    assert compatible(base, job_request(model="tiny", num_images=3, output_format="jpeg"))
     for field, value in [
         ("guidance_scale", 5.0),
         ("steps", 5),
@@ -122,10 +126,13 @@ def test_what_may_share_a_batch():
         ("scheduler", "euler"),
         ("model", "other"),
     ]:
-        assert not compatible(base, {**base, field: value}), field
-    assert batch_key({**base, "guidance_scale": 7}) == batch_key({**base, "guidance_scale": 7.0})
+        assert not compatible(base, replace(base, **{field: value})), field
+    kind = kind_of(base)
+    assert kind.batch_key(replace(base, guidance_scale=7)) == kind.batch_key(
+        replace(base, guidance_scale=7.0)
+    )
     with pytest.raises(ValueError, match="share"):
-        generate_batch(None, [base, {**base, "steps": 9}], device="cpu", on_step=[])
+        generate(tiny_model, [base, replace(base, steps=9)], on_step=[])
 
 
 @pytest.fixture(scope="module")
@@ -184,12 +191,13 @@ def tiny_xl_pipeline(tiny_pipeline):
 
 @pytest.mark.parametrize("scheduler", ["default", "dpm++"])
 def test_sdxl_a_job_that_leaves_is_cut_from_the_added_conditions_too(tiny_xl_pipeline, scheduler):
+    model = LoadedModel(tiny_spec(Path("/models/tiny-xl")), tiny_xl_pipeline, "cpu", 0.0)
     jobs = [
-        job_params(seed=1, steps=4, scheduler=scheduler),
-        job_params(prompt="leaves", seed=2, steps=4, scheduler=scheduler),
-        job_params(prompt="stays", negative_prompt="fog", seed=3, steps=4, scheduler=scheduler),
+        job_request(seed=1, steps=4, scheduler=scheduler),
+        job_request(prompt="leaves", seed=2, steps=4, scheduler=scheduler),
+        job_request(prompt="stays", negative_prompt="fog", seed=3, steps=4, scheduler=scheduler),
     ]
-    whole = _run(tiny_xl_pipeline, jobs)
+    whole = _run(model, jobs)
     assert [len(o.images) for o in whole] == [1, 1, 1]
-    out = _run(tiny_xl_pipeline, jobs, [lambda s, t: True, lambda s, t: s < 2, lambda s, t: True])
+    out = _run(model, jobs, [lambda s, t: True, lambda s, t: s < 2, lambda s, t: True])
     assert out[1] is None and len(out[0].images) == len(out[2].images) == 1

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from app.catalog import tiny_spec
-from testbed.factories import job_params
-from workers.generation import generate
+from testbed.factories import generate_one, job_request
 from workers.pipelines import ModelLoadError, load_model, load_options, resolve_dtype
 from workers.tiny import build_tiny_pipeline
 
@@ -68,13 +67,51 @@ def test_the_safety_checker_is_off_unless_the_model_asks(saved):
     assert "safety_checker" not in load_options(replace(spec, safety_checker=True), torch.float32)
 
 
-def test_blacked_images_are_flagged(tiny_pipeline, monkeypatch):
+def test_blacked_images_are_flagged(tiny_model, monkeypatch):
     def checker(image, device, dtype):
         flags = [i % 2 == 0 for i in range(image.shape[0])]  # the 1st and 3rd image
         return image * 0, flags
 
-    monkeypatch.setattr(tiny_pipeline, "run_safety_checker", checker)
-    output = generate(
-        tiny_pipeline, job_params(steps=1, num_images=3), device="cpu", on_step=lambda *_: True
-    )
+    monkeypatch.setattr(tiny_model.pipeline, "run_safety_checker", checker)
+    output = generate_one(tiny_model, job_request(steps=1, num_images=3))
     assert output.nsfw == [True, False, True] and len(output.images) == 3
+
+
+def test_the_models_digest_changes_with_everything_that_shapes_its_images(saved, tmp_path):
+    """The result cache keys on the loaded model's digest: a separate VAE, the safety
+    checker, an edited scheduler configuration, the dtype and the variant each give
+    another digest, so another cache key (a miss), and the same model the same one."""
+    import json
+    import shutil
+
+    from app.jobs.cache import cache_key
+    from workers.manifest import model_digest
+
+    root, _ = saved
+    spec = replace(tiny_spec(root / "variant"), variant="fp16")
+    base = load_model(spec, "cpu")
+    assert load_model(spec, "cpu").digest == base.digest
+    edited = tmp_path / "edited"
+    shutil.copytree(root / "variant", edited)
+    config = edited / "scheduler" / "scheduler_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "beta_end": 0.02}))
+    digests = {
+        "as saved": base.digest,
+        "vae_path": load_model(replace(spec, vae_path=root / "vae-fix"), "cpu").digest,
+        "safety_checker": load_model(replace(spec, safety_checker=True), "cpu").digest,
+        "scheduler configuration": load_model(replace(spec, path=edited), "cpu").digest,
+    }
+    # The CPU computes in float32 whatever is asked, and a variant picks other files: what
+    # they change is the digest's input, shown here directly.
+    made_of = {"vae_sha": None, "dtype": "float32", "variant": "fp16", "safety_checker": False}
+    weights = base.manifest["weights_sha256"]
+    assert model_digest(weights, **made_of) == base.digest
+    digests["dtype"] = model_digest(weights, **{**made_of, "dtype": "float16"})
+    digests["variant"] = model_digest(weights, **{**made_of, "variant": None})
+    print({name: digest[:12] for name, digest in digests.items()})
+    assert len(set(digests.values())) == len(digests)
+    request = job_request(seed=1)
+    assert len({cache_key(d, request) for d in digests.values()}) == len(digests)
+    manifest = load_model(replace(spec, vae_path=root / "vae-fix"), "cpu").manifest
+    assert manifest["vae_sha256"] and manifest["variant"] == "fp16"
+    assert manifest["model_sha256"] == digests["vae_path"]

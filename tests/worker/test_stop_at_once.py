@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.factories import job_params
-from workers.generation import Interrupted, generate_images
+from testbed.factories import generate_one, job_request
+from workers.call import Interrupted
 
 
 @pytest.fixture
@@ -27,17 +27,17 @@ def counted(tiny_pipeline, monkeypatch):
     return calls
 
 
-def test_a_full_run_decodes_once_and_checks_once(tiny_pipeline, counted):
+def test_a_full_run_decodes_once_and_checks_once(tiny_model, counted):
     steps = []
-    images = generate_images(
-        tiny_pipeline, job_params(steps=4), device="cpu", on_step=lambda s, t: steps.append(s) or 1
-    )
+    images = generate_one(
+        tiny_model, job_request(steps=4), on_step=lambda s, t: steps.append(s) or 1
+    ).images
     assert len(images) == 1 and steps == [1, 2, 3, 4]
     assert counted == {"decode": 1, "safety": 1}  # the counters see what they should
 
 
 @pytest.mark.parametrize("stop_at", [1, 3])
-def test_a_stop_leaves_without_more_steps_decode_or_safety_check(tiny_pipeline, counted, stop_at):
+def test_a_stop_leaves_without_more_steps_decode_or_safety_check(tiny_model, counted, stop_at):
     steps = []
 
     def on_step(step, _total):
@@ -45,7 +45,7 @@ def test_a_stop_leaves_without_more_steps_decode_or_safety_check(tiny_pipeline, 
         return step < stop_at
 
     with pytest.raises(Interrupted):
-        generate_images(tiny_pipeline, job_params(steps=12), device="cpu", on_step=on_step)
+        generate_one(tiny_model, job_request(steps=12), on_step=on_step)
     print(f"stopped at step {stop_at} of 12: steps run {steps}, calls {counted}")
     assert steps == list(range(1, stop_at + 1))
     assert counted == {"decode": 0, "safety": 0}

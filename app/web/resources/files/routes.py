@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from flask import request, send_file
 from flask.views import MethodView
-from flask_smorest import Blueprint, abort
+from flask_smorest import abort
 
 from app.storage.base import StorageError
 from app.storage.local import LocalStorage
+from app.web.bodies import Blueprint
 from app.web.services import services
 
 blp = Blueprint("files", __name__, description="Signed image downloads (local storage only).")

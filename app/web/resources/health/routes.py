@@ -11,9 +11,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor, wait
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
 
 from app.db.migrate import schema_at_head
+from app.web.bodies import Blueprint
 from app.web.services import services
 
 blp = Blueprint("health", __name__, description="Probes for load balancers and Kubernetes.")

@@ -9,14 +9,16 @@ from collections.abc import Iterator
 
 from flask import Response, request, stream_with_context
 from flask.views import MethodView
-from flask_smorest import Blueprint, abort
+from flask_smorest import abort
 
 from app.jobs import service
 from app.jobs.queue_info import fair_window, queue_info
 from app.jobs.states import JobStatus
 from app.web.auth import current_tenant, require_api_key
+from app.web.bodies import Blueprint
 from app.web.resources.jobs.presenter import job_view
 from app.web.services import close_request_session, request_session, services
+from app.web.streams import take_slot
 
 blp = Blueprint(
     "job_events", __name__, url_prefix="/v1/jobs", description="Follow a job as it runs."
@@ -56,6 +58,11 @@ class JobEvents(MethodView):
             "204": {"description": "The job had finished and that was already sent."},
             "401": {"description": "No or bad API key."},
             "404": {"description": "No such job (or not yours)."},
+            "429": {
+                "description": "Too many open streams: the tenant's on this API process "
+                "(DIFFQ_MAX_TENANT_STREAMS) or the process's (DIFFQ_MAX_STREAMS); "
+                "`errors.streams` says which. Retry-After says when to try again."
+            },
         }
     )
     def get(self, job_id: uuid.UUID):
@@ -67,12 +74,15 @@ class JobEvents(MethodView):
         last_seen = _last_event_id()
         if job.status.terminal and last_seen >= job.version:
             return Response(status=204)
+        slot = take_slot(services().streams, tenant_id)  # 429 past a cap
         close_request_session()  # no connection is held while the stream is open
-        return Response(
+        response = Response(
             stream_with_context(_stream(job_id, tenant_id, last_seen)),
             mimetype="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
+        response.call_on_close(slot.release)  # however the stream ends, even unstarted
+        return response
 
 
 def _stream(job_id: uuid.UUID, tenant_id: uuid.UUID, last_seen: int) -> Iterator[str]:

@@ -8,13 +8,14 @@ import uuid
 
 from flask import current_app, redirect, request
 from flask.views import MethodView
-from flask_smorest import Blueprint, abort
+from flask_smorest import abort
 
 from app.jobs import service, transitions
 from app.jobs.queue_info import fair_window, queue_info
 from app.jobs.states import ErrorCode, JobStatus
 from app.jobs.view import job_json
 from app.web.auth import current_tenant, require_api_key
+from app.web.bodies import Blueprint
 from app.web.resources.jobs.presenter import decode_cursor, encode_cursor, job_view
 from app.web.resources.jobs.schemas import (
     JobCreateSchema,
@@ -26,7 +27,7 @@ from app.web.resources.jobs.schemas import (
 )
 from app.web.resources.jobs.submit import submit
 from app.web.services import close_request_session, request_session, services
-from app.web.wait import requested_wait, wait_for_finish
+from app.web.wait import BadPreference, requested_wait, wait_for_job
 
 blp = Blueprint(
     "jobs", __name__, url_prefix="/v1/jobs", description="Submit generation jobs and follow them."
@@ -52,6 +53,14 @@ def _view(job, *, position: bool = True) -> dict:
     return job_view(job, svc.storage, svc.settings.presign_ttl, info, original)
 
 
+def _requested_wait(headers: dict) -> int | None:
+    """`Prefer: wait=N`, capped by DIFFQ_MAX_WAIT; a `wait` that is no number is a 422."""
+    try:
+        return requested_wait(headers.get("prefer"), services().settings.max_wait)
+    except BadPreference as exc:
+        abort(422, errors={"headers": {"Prefer": [str(exc)]}})
+
+
 def _body_hash() -> str:
     canonical = json.dumps(request.get_json(), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
@@ -62,9 +71,9 @@ def _answer(job, wait: int | None, headers: dict[str, str]):
     if wait is not None and not job.status.terminal:
         tenant_id, job_id = job.tenant_id, job.id
         close_request_session()  # no connection is held while waiting
-        finished = wait_for_finish(services(), tenant_id, job_id, wait)
-        if finished is not None:
-            job = finished
+        latest = wait_for_job(services(), tenant_id, job_id, wait)
+        if latest is not None:  # finished, or as it is now that the wait ran out
+            job = latest
     view = _view(job, position=wait is not None)
     # Rendered here rather than by the response schema: `job_json` is the same JSON, and
     # for a job just stored, a fraction of the schema's cost (docs/submit.md).
@@ -86,9 +95,17 @@ class Jobs(MethodView):
         description="With `Prefer: wait=N`: the job finished (succeeded, failed or canceled) "
         "within N seconds; `Preference-Applied: wait=N`.",
     )
+    @blp.alt_response(
+        400,
+        description="The body is not JSON: not UTF-8, or a syntax error (the message gives "
+        "its line and column).",
+    )
     @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(409, description="Idempotency-Key reused with a different body.")
     @blp.alt_response(413, description="Body larger than DIFFQ_MAX_BODY_BYTES.")
+    @blp.alt_response(
+        415, description="A body sent without `Content-Type: application/json` (names the header)."
+    )
     @blp.alt_response(
         429,
         description="Over the key's request rate, the tenant's cap on queued jobs or its "
@@ -103,10 +120,18 @@ class Jobs(MethodView):
         result (the `202` leaves `queue_position` and `eta_seconds` null). With an
         `Idempotency-Key` header, repeating the request returns the original job (with
         `Idempotent-Replayed: true`) instead of creating another. With `Prefer: wait=N`
-        the answer waits up to N seconds for the job to finish (`200`); a client that
-        disconnects while waiting leaves the job running.
+        the answer waits up to N seconds (capped by DIFFQ_MAX_WAIT) for the job to finish
+        (`200`, `Preference-Applied: wait=N`); if it has not, the `202` shows the job as it
+        is when the wait ran out (running, with its progress, or still queued, with its
+        position). N must be a whole number of seconds (`wait=abc` or `wait=-5` is a `422`
+        naming `Prefer`); `wait=0` does not wait; other preferences are ignored. A client
+        that disconnects while waiting leaves the job running.
+
+        The body is a JSON object (`Content-Type: application/json`) of at most
+        DIFFQ_MAX_BODY_BYTES, nested at most 32 levels deep, with numbers of at most 100
+        characters and no `NaN` or `Infinity`.
         """
-        wait = requested_wait(headers.get("prefer"), services().settings.max_wait)
+        wait = _requested_wait(headers)
         key = headers.get("idempotency_key")
         made = submit(request_data, idempotency_key=key, body_hash=_body_hash() if key else None)
         return _answer(made.job, wait, {"Idempotent-Replayed": "true"} if made.replayed else {})
@@ -198,6 +223,7 @@ class JobReplay(MethodView):
         to see what differed (weights, scheduler, dtype, device, versions).
         """
         svc = services()
+        wait = _requested_wait(headers)
         original = service.get_job(request_session(), current_tenant(), job_id)
         if original is None:
             _not_found()
@@ -205,10 +231,10 @@ class JobReplay(MethodView):
         if spec is None:
             abort(409, message=f"Model {original.model!r} is no longer configured.")
         made = submit(
-            {"spec": spec, "params": dict(original.input), "seeded": True, "cache": False},
+            {"spec": spec, "request": original.request, "seeded": True, "cache": False},
             replay_of=original.id,
         )
-        return _answer(made.job, requested_wait(headers.get("prefer"), svc.settings.max_wait), {})
+        return _answer(made.job, wait, {})
 
 
 @blp.route("/<uuid:job_id>/images/<int:index>")

@@ -8,9 +8,14 @@ from typing import Any
 import marshmallow as ma
 from marshmallow import fields, validate
 
+from app.adapters import SCALE_LIMIT
 from app.jobs.states import JobStatus, Priority
 from app.jobs.view import JobSchema
-from app.rules import MAX_SEED, OUTPUT_FORMATS, SCHEDULERS, model_limit_errors, normalize
+from app.kinds import DEFAULT_KIND, KINDS
+from app.rules import MAX_SEED, OUTPUT_FORMATS, SCHEDULERS, model_limit_errors
+from app.uploads import InputRefused
+from app.web.inputs import resolve as resolve_input
+from app.web.inputs import resolve_loras
 from app.web.services import services
 from app.web.strings import RefusesNul
 from app.webhooks.events import EVENT_TYPES
@@ -20,7 +25,49 @@ METADATA_MAX_BYTES = 2048
 MAX_CANCEL_AFTER = 7 * 24 * 3600
 
 
-class JobCreateSchema(RefusesNul, ma.Schema):
+class LoraSchema(RefusesNul, ma.Schema):
+    """One adapter of a job's `loras`: yours by `id`, or a shared one by `name`."""
+
+    id = fields.UUID(
+        load_default=None,
+        metadata={
+            "description": "An adapter's id (`POST /v1/adapters`).",
+            "example": "01937c52-5d0e-7b9a-8e0f-6a2b4c1d9e33",
+        },
+    )
+    name = fields.String(
+        load_default=None,
+        validate=validate.Length(min=1, max=200),
+        metadata={"description": "A shared adapter of the catalog (`[adapters.NAME]`)."},
+    )
+    scale = fields.Float(
+        load_default=1.0,
+        allow_nan=False,
+        validate=validate.Range(min=-SCALE_LIMIT, max=SCALE_LIMIT),
+        metadata={
+            "description": f"How strongly it applies, {-SCALE_LIMIT}..{SCALE_LIMIT}; default 1.",
+            "example": 0.8,
+        },
+    )
+
+    @ma.validates_schema
+    def _one_of(self, data: dict[str, Any], **_kwargs) -> None:
+        if (data.get("id") is None) == (data.get("name") is None):
+            raise ma.ValidationError("Give one of `id` or `name`.", "id")
+
+
+class _JobCreateFields(RefusesNul, ma.Schema):
+    """The fields every job kind takes; JobCreateSchema adds each kind's own."""
+
+    kind = fields.String(
+        load_default=DEFAULT_KIND,
+        validate=validate.OneOf(list(KINDS)),
+        metadata={
+            "description": "What the job does: "
+            + "; ".join(f"`{k.name}`: {k.summary}" for k in KINDS.values())
+            + f" Default `{DEFAULT_KIND}`."
+        },
+    )
     prompt = fields.String(
         required=True,
         validate=validate.Length(min=1, error="Must not be empty."),
@@ -66,13 +113,25 @@ class JobCreateSchema(RefusesNul, ma.Schema):
         validate=validate.OneOf([p.value for p in Priority]),
         metadata={"description": "low, normal or high."},
     )
+    loras = fields.List(
+        fields.Nested(LoraSchema),
+        load_default=None,
+        metadata={
+            "description": "LoRA adapters to run with, applied together in this order: "
+            '`[{"id": …, "scale": 0.8}]` (yours) or `[{"name": …}]` (shared). At most '
+            "the model's `max_loras`; each must fit the model's family. Every kind takes "
+            "them; they are part of the cache key and the manifest.",
+            "example": [{"id": "01937c52-5d0e-7b9a-8e0f-6a2b4c1d9e33", "scale": 0.8}],
+        },
+    )
     cancel_after = fields.Integer(
         strict=True,
         load_default=None,
         validate=validate.Range(min=1, max=MAX_CANCEL_AFTER),
         metadata={
-            "description": "Seconds: a job not started by then is canceled (reason `deadline`) "
-            f"and never reaches a GPU. 1..{MAX_CANCEL_AFTER}."
+            "description": "Seconds from the submit: a job not finished by then is canceled "
+            "(reason `deadline`): one still queued never reaches a GPU, one running stops at "
+            f"its next step. 1..{MAX_CANCEL_AFTER}."
         },
     )
     metadata = fields.Dict(
@@ -132,22 +191,45 @@ class JobCreateSchema(RefusesNul, ma.Schema):
 
     @ma.validates_schema(skip_on_field_errors=False)
     def _model_limits(self, data: dict[str, Any], **_kwargs) -> None:
+        kind = KINDS.get(data.get("kind", DEFAULT_KIND))
+        if kind is None:
+            return  # the kind field's own error says why
+        own = set(kind.api_fields())
+        foreign = sorted(n for n in _KIND_FIELDS - own if data.get(n) is not None)
+        if foreign:
+            message = f"Not a field of kind '{kind.name}'."
+            raise ma.ValidationError({name: [message] for name in foreign})
         catalog = services().catalog
         spec = catalog.get(data.get("model"))
         if spec is None:
             names = ", ".join(sorted(catalog.models))
             raise ma.ValidationError({"model": [f"Unknown model. Available: {names}."]})
-        errors = model_limit_errors(spec, data)
-        if errors:
-            raise ma.ValidationError(errors)
+        if kind.name not in spec.kinds:
+            offered = ", ".join(spec.kinds)
+            raise ma.ValidationError(
+                {"kind": [f"Model '{spec.name}' offers the kinds: {offered}."]}
+            )
+        errors = _resolve_inputs(kind, data)
+        lora_errors = _resolve_loras(spec, data)
+        if not errors:
+            width, height = kind.default_size(spec, data)
+            data.setdefault("width", width)
+            data.setdefault("height", height)
+        for field, messages in model_limit_errors(spec, data).items():
+            errors.setdefault(field, []).extend(messages)
+        for field, messages in kind.limit_errors(spec, data).items():
+            errors.setdefault(field, []).extend(messages)
+        if errors or lora_errors:
+            raise ma.ValidationError({**errors, **lora_errors})
         data["_spec"] = spec  # for _normalize: the model is looked up once
 
     @ma.post_load
     def _normalize(self, data: dict[str, Any], **_kwargs) -> dict[str, Any]:
+        """The submission's parts (app/jobs/submit.py `Submission`), the request typed."""
         spec = data.pop("_spec")  # _model_limits ran first
         return {
             "spec": spec,
-            "params": normalize(spec, data),
+            "request": KINDS[data["kind"]].normalize(spec, data),
             "metadata": data.get("metadata"),
             "cancel_after": data.get("cancel_after"),
             "webhook": data.get("webhook"),
@@ -155,6 +237,48 @@ class JobCreateSchema(RefusesNul, ma.Schema):
             "cache": data["cache"],
             "seeded": data.get("seed") is not None,
         }
+
+
+def _resolve_inputs(kind, data: dict[str, Any]) -> dict[str, list[str]]:
+    """Each input image field's upload (an id, or a data: URI stored on the way), in
+    place of what the body said; the refusals by field."""
+    errors: dict[str, list[str]] = {}
+    for name in kind.image_fields:
+        value = data.get(name)
+        if value is None:
+            continue
+        try:
+            data[name] = resolve_input(value, field=name)
+        except InputRefused as refused:
+            errors[name] = [refused.message]
+    return errors
+
+
+def _resolve_loras(spec, data: dict[str, Any]) -> dict[str, Any]:
+    """The request's adapters as the job keeps them (digest and scale), in place of what
+    the body said; the refusal under `loras`."""
+    items = data.get("loras") or []
+    if not items:
+        data["loras"] = ()
+        return {}
+    if not spec.lora_family or len(items) > spec.max_loras:
+        most = spec.max_loras if spec.lora_family else 0
+        return {"loras": [f"At most {most} adapters for model '{spec.name}'."]}
+    found, errors = resolve_loras(spec, items)
+    if errors:
+        return {"loras": errors}
+    data["loras"] = found
+    return {}
+
+
+# Fields that belong to some kind: each is refused on a request of another kind.
+_KIND_FIELDS = {name for kind in KINDS.values() for name in kind.api_fields()}
+# POST /v1/jobs: the shared fields and every kind's own (each documented with its kind).
+JobCreateSchema = type(
+    "JobCreateSchema",
+    (_JobCreateFields,),
+    {name: field for kind in KINDS.values() for name, field in kind.api_fields().items()},
+)
 
 
 class IdempotencyHeaderSchema(RefusesNul, ma.Schema):
@@ -181,7 +305,9 @@ class PreferHeaderSchema(ma.Schema):
         metadata={
             "description": "`wait=N` (RFC 7240): hold the answer up to N seconds (capped by "
             "DIFFQ_MAX_WAIT, 60) and answer `200` with the finished job, or the usual `202` "
-            "when it is not done by then. Either way it is the same single job.",
+            "when it is not done by then. Either way it is the same single job. N is a whole "
+            "number of seconds; anything else after `wait=` is a 422; other preferences are "
+            "ignored.",
             "example": "wait=30",
         },
     )

@@ -8,7 +8,7 @@ from typing import Any
 
 from flask_smorest import abort
 
-from app.jobs.submit import Caps, JobRequest, Refused, Submitted, submit_job
+from app.jobs.submit import Caps, Refused, Submission, Submitted, submit_job
 from app.web.auth import current_tenant, tenant_quota
 from app.web.services import close_request_session, request_session, services
 
@@ -22,7 +22,7 @@ def submit(
 ) -> Submitted:
     """`request_data` as JobCreateSchema loads it."""
     svc = services()
-    request = JobRequest(
+    submission = Submission(
         **request_data, idempotency_key=idempotency_key, body_hash=body_hash, replay_of=replay_of
     )
     caps = Caps(svc.settings.max_queued, svc.settings.max_running, tenant_quota())
@@ -31,7 +31,7 @@ def submit(
             request_session(),
             svc.publisher,
             current_tenant(),
-            request,
+            submission,
             caps,
             release=close_request_session,
         )

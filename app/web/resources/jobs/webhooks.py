@@ -6,7 +6,7 @@ import uuid
 
 import marshmallow as ma
 from flask.views import MethodView
-from flask_smorest import Blueprint, abort
+from flask_smorest import abort
 from marshmallow import fields
 from sqlalchemy import select, update
 
@@ -14,6 +14,7 @@ from app.db.models import WebhookAttempt, WebhookEvent
 from app.db.types import utcnow
 from app.jobs import service
 from app.web.auth import current_tenant, require_api_key
+from app.web.bodies import Blueprint
 from app.web.services import request_session
 from app.webhooks.delivery import message_id
 
@@ -28,10 +29,23 @@ blp.before_request(require_api_key)
 
 class AttemptSchema(ma.Schema):
     started_at = fields.DateTime()
-    status_code = fields.Integer(allow_none=True, metadata={"description": "null: no answer"})
-    latency_ms = fields.Integer()
+    status_code = fields.Integer(
+        allow_none=True,
+        metadata={
+            "description": "The receiver's 2xx, or 410; null for any other outcome (no "
+            "answer, or another status: `error` says which)"
+        },
+    )
+    latency_ms = fields.Integer(
+        allow_none=True, metadata={"description": "null unless the attempt was answered 2xx/410"}
+    )
     error = fields.String(
-        allow_none=True, metadata={"description": "Why it did not count; null when delivered."}
+        allow_none=True,
+        metadata={
+            "description": "null when delivered; else one class: `unreachable` (no HTTP "
+            "answer: not resolved, refused, timed out, TLS), `non-2xx` (an HTTP answer "
+            "other than 2xx, redirects included), `refused` (an address the policy refuses)"
+        },
     )
 
 
@@ -60,6 +74,26 @@ def _job_or_404(job_id: uuid.UUID):
     return job
 
 
+def _attempt_view(attempt: WebhookAttempt) -> dict:
+    """What a tenant sees of an attempt: a class of outcome, never the connection error,
+    the status code or the timing of a failed one. Those would answer "is this port of
+    that host open, and what listens there?" for any public address a webhook may name;
+    the delivery worker's log keeps them for operators."""
+    shown = attempt.error is None or attempt.status_code == 410
+    return {
+        "started_at": attempt.started_at,
+        "status_code": attempt.status_code if shown else None,
+        "latency_ms": attempt.latency_ms if shown else None,
+        "error": None if attempt.error is None else failure_class(attempt),
+    }
+
+
+def failure_class(attempt: WebhookAttempt) -> str:
+    if attempt.error.startswith("refused"):
+        return "refused"
+    return "non-2xx" if attempt.status_code is not None else "unreachable"
+
+
 def _event_view(event: WebhookEvent, attempts: list[WebhookAttempt]) -> dict:
     return {
         "id": message_id(event.id),
@@ -67,7 +101,7 @@ def _event_view(event: WebhookEvent, attempts: list[WebhookAttempt]) -> dict:
         "created_at": event.created_at,
         "state": event.state,
         "next_attempt_at": event.next_attempt_at if event.state == "pending" else None,
-        "attempts": attempts,
+        "attempts": [_attempt_view(attempt) for attempt in attempts],
     }
 
 
@@ -80,7 +114,7 @@ class JobWebhooks(MethodView):
         """List a job's webhook deliveries
 
         Every event sent (or being retried) for the job, oldest first, with each attempt's
-        status code, latency and error.
+        outcome: its status code and latency when delivered, else the class of failure.
         """
         _job_or_404(job_id)
         session = request_session()

@@ -5,7 +5,10 @@ being the job's version; resume with `?last_event_id=` or `Last-Event-ID`). The 
 pings every DIFFQ_SSE_KEEPALIVE seconds and closes with a code for the terminal state.
 Auth: `Authorization: Bearer <key>` on the handshake, or, for browsers (which cannot set
 headers on a WebSocket), `?ticket=` from POST /v1/jobs/{id}/ws-ticket: signed, bound to
-the tenant and the job, valid DIFFQ_WS_TICKET_TTL seconds; the key never enters a URL.
+the tenant and the job, valid DIFFQ_WS_TICKET_TTL seconds, good for one socket
+(app/web/tickets.py); the key never enters a URL. A ticket presented with another
+tenant's key is refused, and a handshake whose `Origin` is not one of
+DIFFQ_PUBLIC_ORIGINS is refused (403) before anything else.
 
 Each open socket holds one gunicorn thread (the event loop below) and one reader thread
 (simple-websocket's, which also sends the pings); no database connection.
@@ -19,14 +22,23 @@ import uuid
 import flask
 from flask import Response, g, request, url_for
 from flask.views import MethodView
-from flask_smorest import Blueprint, abort
-from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
+from flask_smorest import abort
 from simple_websocket import ConnectionClosed, Server
 
 from app.jobs import service
-from app.web.auth import CHALLENGE, current_tenant, require_api_key
+from app.web import tickets
+from app.web.auth import (
+    CHALLENGE,
+    client_names,
+    current_tenant,
+    presented_key,
+    require_api_key,
+    throttled,
+)
+from app.web.bodies import Blueprint
 from app.web.resources.jobs.events import job_events
 from app.web.services import close_request_session, request_session, services
+from app.web.streams import take_slot
 
 blp = Blueprint(
     "job_ws", __name__, url_prefix="/v1/jobs", description="Follow a job over a WebSocket."
@@ -35,40 +47,51 @@ blp = Blueprint(
 # Close codes (4000-4999 are the application's): the job's terminal state.
 CLOSE_CODES = {"succeeded": 4000, "failed": 4001, "canceled": 4002}
 CLOSE_GONE = 4004  # the job disappeared while followed
-MAX_TICKET_CHARS = 512
+MAX_TICKET_CHARS = tickets.MAX_TICKET_CHARS
 MAX_CLIENT_MESSAGE = 1024
 
 
-def _tickets() -> URLSafeTimedSerializer:
-    return URLSafeTimedSerializer(services().settings.secret_key, salt="diffq-ws-ticket")
-
-
 def make_ticket(tenant_id: uuid.UUID, job_id: uuid.UUID) -> str:
-    return _tickets().dumps({"t": str(tenant_id), "j": str(job_id)})
+    return tickets.make_ticket(services().settings.secret_key, tenant_id, job_id)
 
 
-def _ticket_tenant(ticket: str, job_id: uuid.UUID) -> uuid.UUID | None:
-    if len(ticket) > MAX_TICKET_CHARS:
-        return None
-    try:
-        claims = _tickets().loads(ticket, max_age=services().settings.ws_ticket_ttl)
-    except (SignatureExpired, BadSignature):
-        return None
-    if claims.get("j") != str(job_id):
-        return None
-    return uuid.UUID(claims["t"])
+def _check_origin() -> None:
+    """A browser's handshake comes from a page it names in `Origin`: only the configured
+    public origins may open a socket (clients that are not browsers send none)."""
+    origin = request.headers.get("Origin")
+    if origin is not None and origin.strip().rstrip("/").lower() not in (
+        services().settings.public_origins
+    ):
+        abort(
+            403,
+            message="This Origin may not open a WebSocket (DIFFQ_PUBLIC_ORIGINS).",
+            errors={"headers": {"Origin": ["Not an allowed origin."]}},
+        )
 
 
-def _authenticate(job_id: uuid.UUID) -> None:
-    """Sets g.tenant_id from the ticket, else from the Authorization header, else 401."""
-    ticket = request.args.get("ticket")
-    if ticket is None:
+def _refuse_ticket(message: str) -> None:
+    services().auth_failures.failed(*client_names(None))
+    abort(401, message=message, headers=CHALLENGE)
+
+
+def _authenticate(job_id: uuid.UUID) -> tickets.Ticket | None:
+    """Sets g.tenant_id from the ticket, else from the Authorization header, else 401.
+    Returns the ticket (unspent) when one was presented."""
+    raw = request.args.get("ticket")
+    if raw is None:
         require_api_key()
-        return
-    tenant_id = _ticket_tenant(ticket, job_id)
-    if tenant_id is None:
-        abort(401, message="Invalid or expired ticket.", headers=CHALLENGE)
-    g.tenant_id = tenant_id
+        return None
+    throttled(client_names(presented_key()))
+    settings = services().settings
+    ticket = tickets.read_ticket(settings.secret_key, settings.ws_ticket_ttl, raw, job_id)
+    if ticket is None:
+        _refuse_ticket("Invalid or expired ticket.")
+    if presented_key() is not None:
+        require_api_key()  # a key beside the ticket must be valid, and the same tenant's
+        if current_tenant() != ticket.tenant_id:
+            _refuse_ticket("The ticket and the API key belong to different tenants.")
+    g.tenant_id = ticket.tenant_id
+    return ticket
 
 
 def _last_event_id() -> int:
@@ -86,7 +109,8 @@ class JobWsTicket(MethodView):
         responses={
             "201": {
                 "description": "`ticket`: pass it as `?ticket=` to the WebSocket within "
-                "`expires_in` seconds; `url`: the WebSocket URL with it.",
+                "`expires_in` seconds, once (it opens one socket); `url`: the WebSocket "
+                "URL with it, on DIFFQ_PUBLIC_URL.",
                 "content": {
                     "application/json": {
                         "example": {
@@ -147,14 +171,23 @@ class JobWebSocket(MethodView):
                 },
             },
             "400": {"description": "Not a WebSocket handshake."},
-            "401": {"description": "No or bad API key or ticket."},
+            "401": {
+                "description": "No or bad API key or ticket; a ticket already used, or "
+                "presented with another tenant's key."
+            },
+            "403": {"description": "An `Origin` not among DIFFQ_PUBLIC_ORIGINS."},
             "404": {"description": "No such job (or not yours)."},
             "422": {"description": "`last_event_id` is not an integer."},
+            "429": {
+                "description": "Too many open streams (DIFFQ_MAX_TENANT_STREAMS, "
+                "DIFFQ_MAX_STREAMS), or too many failed authentications; Retry-After."
+            },
         },
     )
     def get(self, job_id: uuid.UUID):
         """Follow a job over a WebSocket"""
-        _authenticate(job_id)
+        _check_origin()
+        ticket = _authenticate(job_id)
         tenant_id = current_tenant()
         job = service.get_job(request_session(), tenant_id, job_id)
         if job is None:
@@ -162,20 +195,26 @@ class JobWebSocket(MethodView):
         last_seen = _last_event_id()
         if request.headers.get("Upgrade", "").lower() != "websocket":
             abort(400, message="Expected a WebSocket handshake (Upgrade: websocket).")
-        close_request_session()  # no connection is held while the socket is open
-        ws = Server.accept(
-            request.environ,
-            ping_interval=services().settings.sse_keepalive,
-            receive_bytes=1024,
-            max_message_size=MAX_CLIENT_MESSAGE,  # clients have nothing to say; bigger: closed
-        )
+        slot = take_slot(services().streams, tenant_id)  # 429 past a cap
         try:
-            _follow(ws, job_id, tenant_id, last_seen)
-        except ConnectionClosed:
-            pass
+            if ticket is not None and not tickets.spend(request_session(), ticket):
+                _refuse_ticket("This ticket was already used; ask for a new one.")
+            close_request_session()  # no connection is held while the socket is open
+            ws = Server.accept(
+                request.environ,
+                ping_interval=services().settings.sse_keepalive,
+                receive_bytes=1024,
+                max_message_size=MAX_CLIENT_MESSAGE,  # clients have nothing to say
+            )
+            try:
+                _follow(ws, job_id, tenant_id, last_seen)
+            except ConnectionClosed:
+                pass
+            finally:
+                if ws.connected:  # the job vanished, or the loop failed
+                    ws.close(reason=CLOSE_GONE, message="gone")
         finally:
-            if ws.connected:  # the job vanished, or the loop failed
-                ws.close(reason=CLOSE_GONE, message="gone")
+            slot.release()
         return _Done(ws.mode)
 
 

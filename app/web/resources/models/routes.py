@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from flask.views import MethodView
-from flask_smorest import Blueprint, abort
+from flask_smorest import abort
 
 from app.catalog import ModelSpec
 from app.jobs.estimate import estimate
+from app.kinds import KINDS
+from app.kinds.base import Lora
+from app.kinds.images import InputRef
 from app.rules import model_limit_errors
 from app.web.auth import require_api_key
+from app.web.bodies import Blueprint
 from app.web.resources.models.schemas import (
     LIMIT_FIELDS,
     EstimateQuerySchema,
@@ -28,9 +32,19 @@ def _view(spec: ModelSpec, default: str) -> dict:
         "name": spec.name,
         "default": spec.name == default,
         "limits": {name: getattr(spec, name) for name in LIMIT_FIELDS},
+        "family": spec.family,
+        "preset": spec.preset,
         "schedulers": list(spec.schedulers),
         "sizes": list(spec.sizes),
         "sizes_required": spec.sizes_required,
+        "kinds": list(spec.kinds),
+        "lora_family": spec.lora_family or None,
+        "max_loras": spec.max_loras if spec.lora_family else 0,
+        "shared_adapters": sorted(
+            a.name for a in services().catalog.adapters.values() if a.family == spec.lora_family
+        )
+        if spec.lora_family
+        else [],
     }
 
 
@@ -63,16 +77,31 @@ class ModelEstimate(MethodView):
         spec = services().catalog.models.get(name)
         if spec is None:
             abort(404, message="No such model.")
-        errors = model_limit_errors(spec, args)
+        kind = KINDS[args.pop("kind")]
+        if kind.name not in spec.kinds:
+            offered = ", ".join(spec.kinds)
+            abort(422, errors={"query": {"kind": [f"Model '{name}' offers: {offered}."]}})
+        if "strength" in args and "strength" not in kind.api_fields():
+            abort(422, errors={"query": {"strength": [f"Not a field of kind '{kind.name}'."]}})
+        # The job's request as a submit would normalize it: its prompt does not count,
+        # and its input images only by their size (the output's).
+        width = args.get("width", spec.default_width)
+        height = args.get("height", spec.default_height)
+        data = {**args, "prompt": "", "width": width, "height": height}
+        data.update({field: InputRef("", width, height, "RGB") for field in kind.image_fields})
+        count = data.pop("loras", 0)
+        errors = model_limit_errors(spec, data)
+        for field, messages in kind.limit_errors(spec, data).items():
+            errors.setdefault(field, []).extend(messages)
+        most = spec.max_loras if spec.lora_family else 0
+        if count > most:
+            errors["loras"] = [f"At most {most} adapters for model '{spec.name}'."]
         if errors:
             abort(422, errors={"query": errors})
-        params = {
-            "width": args.get("width", spec.default_width),
-            "height": args.get("height", spec.default_height),
-            "steps": args.get("steps", spec.default_steps),
-            "num_images": args.get("num_images", 1),
-        }
-        found = estimate(request_session(), spec.name, spec.queue, params)
+        # Adapters count by number only (each a tenth more work: app/kinds/base.py).
+        data["loras"] = tuple(Lora(str(i), 1.0) for i in range(count))
+        request = kind.normalize(spec, data)
+        found = estimate(request_session(), spec.name, spec.queue, request)
         return {
             "model": spec.name,
             "run_seconds": found.run_seconds,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import marshmallow as ma
-from marshmallow import fields
+from marshmallow import fields, validate
+
+from app.kinds import DEFAULT_KIND, KINDS
 
 LIMIT_FIELDS = (
     "min_size",
@@ -50,6 +52,21 @@ class ModelSchema(ma.Schema):
             },
         },
     )
+    family = fields.String(
+        metadata={
+            "description": "The model's architecture: sd (Stable Diffusion 1.x, 2.x, SDXL), "
+            "sd3 or flux (flow matching: only flow-matching schedulers).",
+            "example": "sd",
+        }
+    )
+    preset = fields.String(
+        allow_none=True,
+        metadata={
+            "description": "Its few-step preset (lcm, turbo, lightning, schnell), which "
+            "set its default steps and guidance; null: none.",
+            "example": None,
+        },
+    )
     schedulers = fields.List(fields.String(), metadata={"example": ["default", "ddim", "euler"]})
     sizes = fields.List(
         fields.String(),
@@ -62,6 +79,33 @@ class ModelSchema(ma.Schema):
     sizes_required = fields.Boolean(
         metadata={"description": "True: a job of a size outside `sizes` is a 422."}
     )
+    kinds = fields.List(
+        fields.String(),
+        metadata={
+            "description": "The job kinds (a job's `kind`) this model offers; a job of "
+            "another kind is a 422 naming `kind`.",
+            "example": ["txt2img", "img2img", "inpaint"],
+        },
+    )
+    lora_family = fields.String(
+        allow_none=True,
+        metadata={
+            "description": "The family LoRA adapters must fit (`POST /v1/adapters`); null: "
+            "the model takes no adapters.",
+            "example": "sd15",
+        },
+    )
+    max_loras = fields.Integer(
+        metadata={"description": "Adapters one job may name (`loras`).", "example": 4}
+    )
+    shared_adapters = fields.List(
+        fields.String(),
+        metadata={
+            "description": "The catalog's shared adapters of this family: a job names them "
+            "in `loras` by `name`.",
+            "example": ["ink"],
+        },
+    )
 
 
 class ModelListSchema(ma.Schema):
@@ -70,10 +114,31 @@ class ModelListSchema(ma.Schema):
 
 
 class EstimateQuerySchema(ma.Schema):
+    kind = fields.String(
+        load_default=DEFAULT_KIND,
+        validate=validate.OneOf(list(KINDS)),
+        metadata={"description": f"The job's kind; `{DEFAULT_KIND}` if absent."},
+    )
     width = fields.Integer(metadata={"description": "Pixels; the model's default if absent."})
     height = fields.Integer(metadata={"description": "Pixels; the model's default if absent."})
     steps = fields.Integer(metadata={"description": "The model's default if absent."})
     num_images = fields.Integer(metadata={"description": "1 if absent."})
+    loras = fields.Integer(
+        validate=validate.Range(min=0),
+        metadata={
+            "description": "How many LoRA adapters the job names (0 if absent); each adds "
+            "a tenth to its work. At most the model's `max_loras`."
+        },
+    )
+    strength = fields.Float(
+        allow_nan=False,
+        validate=validate.Range(min=0.0, max=1.0),
+        metadata={
+            "description": "Kinds img2img and inpaint: the job's strength (its default if "
+            "absent); `int(steps x strength)` steps run. The size is the output's (the "
+            "input's, fitted, if absent: the model's default here)."
+        },
+    )
 
 
 class EstimateSchema(ma.Schema):

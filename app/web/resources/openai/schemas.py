@@ -78,3 +78,55 @@ class ImageDataSchema(ma.Schema):
 class ImagesResponseSchema(ma.Schema):
     created = fields.Integer(metadata={"description": "Unix seconds when the job was made."})
     data = fields.List(fields.Nested(ImageDataSchema))
+
+
+class ImagesEditSchema(ma.Schema):
+    """The form fields of POST /v1/images/edits (the files are `image` and `mask`)."""
+
+    class Meta:
+        unknown = ma.EXCLUDE  # the form also carries the files' own fields
+
+    prompt = fields.String(
+        required=True, metadata={"description": "What to draw where the image is edited."}
+    )
+    model = ImagesGenerateSchema._declared_fields["model"]
+    n = fields.Integer(
+        load_default=1,
+        validate=validate.Range(min=1, max=MAX_N),
+        metadata={"description": "Images to make, 1..the model's `max_num_images`."},
+    )
+    size = fields.String(
+        load_default=None,
+        validate=validate.Regexp(SIZE_PATTERN, error="Must be WIDTHxHEIGHT, like 512x512."),
+        metadata={
+            "description": "`WIDTHxHEIGHT` within the model's limits. Default: the image's "
+            "size, fitted to the model's limits."
+        },
+    )
+    response_format = ImagesGenerateSchema._declared_fields["response_format"]
+    user = ImagesGenerateSchema._declared_fields["user"]
+    quality = ImagesGenerateSchema._declared_fields["quality"]
+    background = fields.String(
+        validate=validate.Length(max=20),
+        metadata={"description": "Accepted for compatibility and ignored."},
+    )
+    input_fidelity = fields.String(
+        validate=validate.Length(max=20),
+        metadata={"description": "Accepted for compatibility and ignored."},
+    )
+    # diffq's own parameters, sent by OpenAI clients through `extra_body`.
+    strength = fields.Float(
+        allow_nan=False,
+        validate=validate.Range(min=0.0, max=1.0),
+        metadata={
+            "description": "diffq extension: how much is redrawn, 0..1 (default 1.0 with a "
+            "mask or transparency, 0.75 for a whole-image edit)."
+        },
+    )
+    seed = fields.Integer(
+        validate=validate.Range(min=0, max=MAX_SEED),
+        metadata={"description": "diffq extension: the seed (repeatable images; result cache)."},
+    )
+    steps = fields.Integer(metadata={"description": "diffq extension."})
+    negative_prompt = fields.String(metadata={"description": "diffq extension."})
+    guidance_scale = fields.Float(allow_nan=False, metadata={"description": "diffq extension."})

@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
 from sqlalchemy import select
 
 from app import usage
 from app.db.models import Tenant
 from app.db.types import utcnow
 from app.web.auth import current_tenant, require_api_key
+from app.web.bodies import Blueprint
 from app.web.resources.usage.schemas import UsageQuerySchema, UsageSchema
 from app.web.services import request_session, services
 

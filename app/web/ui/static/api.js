@@ -1,6 +1,15 @@
 // The API, called with the key kept in this browser's storage (never in a URL).
 const KEY_NAME = "diffq.apiKey";
 
+// The API writes its links on its configured public URL; the page reads them from the
+// origin it was loaded from, whatever name that is (localhost, 127.0.0.1, an internal
+// host). Links elsewhere (S3's presigned URLs) are left as they are.
+export function local(url) {
+  const parsed = new URL(url, location.href);
+  if (!/^\/(v1|files)\//.test(parsed.pathname)) return url;
+  return parsed.pathname + parsed.search;
+}
+
 export const apiKey = {
   get: () => localStorage.getItem(KEY_NAME) || "",
   set: (value) => localStorage.setItem(KEY_NAME, value),
@@ -34,6 +43,27 @@ export async function api(path, { method = "GET", body, signal } = {}) {
     body: body === undefined ? undefined : JSON.stringify(body),
     signal,
   });
+  return answer(response);
+}
+
+// An image (a File or Blob) stored with POST /v1/uploads as a multipart form. A refusal
+// (422 not an image, 413 too large, 415) is an ApiError naming `field`, the job's field
+// the image is for, so it is shown beside it as a job's 422 would be.
+export async function upload(image, field, filename = "image.png") {
+  const form = new FormData();
+  form.append("file", image, filename);
+  const response = await fetch("/v1/uploads", { method: "POST", headers: authHeaders(), body: form });
+  try {
+    return await answer(response);
+  } catch (error) {
+    if (!(error instanceof ApiError) || ![413, 415, 422].includes(error.status)) throw error;
+    const files = (error.body && error.body.errors && error.body.errors.files) || {};
+    const messages = files.file || [error.message];
+    throw new ApiError(error.status, { ...error.body, errors: { json: { [field]: messages } } });
+  }
+}
+
+async function answer(response) {
   const text = await response.text();
   let data = null;
   try {

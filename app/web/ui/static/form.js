@@ -1,35 +1,55 @@
 // The request form: the model's limits shown and the API's 422 messages beside their field.
 import { api, ApiError } from "./api.js";
+import { inputSize, pictureFields, showPicture } from "./picture.js";
 
 const FIELDS = [
   "prompt", "negative_prompt", "model", "width", "height",
   "steps", "guidance_scale", "seed", "num_images",
 ];
 const NUMBERS = new Set(["width", "height", "steps", "guidance_scale", "seed", "num_images"]);
+// Every field a 422 may name that the form shows, in the page's order (the first gets focus).
+const ERROR_FIELDS = [
+  "prompt", "negative_prompt", "model", "kind", "image", "mask", "mask_blur", "masked_only",
+  "strength", "width", "height", "steps", "guidance_scale", "seed", "num_images",
+];
+export const KIND_NAMES = { txt2img: "text to image", img2img: "image to image", inpaint: "inpainting" };
+// A kind's strength when the request names none (app/kinds).
+const DEFAULT_STRENGTH = { img2img: 0.75, inpaint: 1.0 };
 const ESTIMATE_FIELDS = ["model", "width", "height", "steps", "num_images"];
 const ESTIMATE_DELAY_MS = 400;
 
 const $ = (id) => document.getElementById(id);
 const input = (name) => $(`f-${name}`);
+const kindRadios = () => document.querySelectorAll("input[name=kind]");
 let models = new Map();
 let estimateTimer = null;
 let estimateRun = 0;
+// Off once a job is submitted (its own panel says how it goes), back on when the form is
+// edited: an "Expected time" left standing beside a finished job reads as that job's.
+let estimateOn = true;
+// Fewer finished jobs than this, and the fit behind an estimate is rough: the page says so.
+const SURE_SAMPLES = 3;
 
 function setText(id, text) {
   $(id).textContent = text;
 }
 
+// The control a field's error belongs to (the mode's is its chosen option).
+function control(name) {
+  return name === "kind" ? document.querySelector("input[name=kind]:checked") : input(name);
+}
+
 export function showErrors(fields) {
   let first = null;
-  for (const name of FIELDS) {
+  for (const name of ERROR_FIELDS) {
     const messages = fields[name];
     const box = $(`err-${name}`);
     box.textContent = messages ? [].concat(messages).join(" ") : "";
     if (messages) {
-      input(name).setAttribute("aria-invalid", "true");
-      first = first || input(name);
+      control(name).setAttribute("aria-invalid", "true");
+      first = first || control(name);
     } else {
-      input(name).removeAttribute("aria-invalid");
+      control(name).removeAttribute("aria-invalid");
     }
   }
   return first;
@@ -58,21 +78,119 @@ function applyLimits(model, fillDefaults) {
   input("prompt").maxLength = limits.max_prompt_chars;
   input("negative_prompt").maxLength = limits.max_prompt_chars;
   if (fillDefaults) {
-    input("width").value = limits.default_width;
-    input("height").value = limits.default_height;
+    if (kind() === "txt2img") {
+      input("width").value = limits.default_width;
+      input("height").value = limits.default_height;
+    }
     input("steps").value = limits.default_steps;
     input("guidance_scale").value = limits.default_guidance;
     input("num_images").value = 1;
   }
-  setText(
-    "hint-size",
-    `${limits.min_size} to ${limits.max_width} × ${limits.max_height} px, multiples of ` +
-      `${limits.size_multiple}, at most ${limits.max_pixels.toLocaleString("en")} pixels.`,
-  );
+  offerKinds(model);
+  sizeHint();
   setText("hint-steps", `1 to ${limits.max_steps}`);
   setText("hint-guidance_scale", `0 to ${limits.max_guidance}`);
   setText("hint-num_images", `1 to ${limits.max_num_images}`);
   setText("hint-prompt", `At most ${limits.max_prompt_chars} characters.`);
+}
+
+// The output size an input of width x height gives on `model` when the request names none:
+// app/kinds/images.py's fit_size (the same shape, scaled down into the model's limits).
+export function fitSize(model, width, height) {
+  const limits = model.limits;
+  if (model.sizes_required && model.sizes.length) {
+    const aspect = width / height;
+    const tiers = model.sizes.map((size) => size.split("x").map(Number));
+    const cost = ([w, h]) => [Math.abs(w / h - aspect), Math.abs(w * h - width * height)];
+    return tiers.reduce((best, tier) => {
+      const [a, b] = [cost(tier), cost(best)];
+      return a[0] < b[0] || (a[0] === b[0] && a[1] < b[1]) ? tier : best;
+    });
+  }
+  const scale = Math.min(
+    1,
+    limits.max_width / width,
+    limits.max_height / height,
+    (limits.max_pixels / (width * height)) ** 0.5,
+  );
+  const multiple = limits.size_multiple;
+  const side = (value, most) =>
+    Math.min(
+      Math.floor(most / multiple) * multiple,
+      Math.max(limits.min_size, Math.floor(Math.floor(value) / multiple) * multiple),
+    );
+  return [side(width * scale, limits.max_width), side(height * scale, limits.max_height)];
+}
+
+function sizeHint() {
+  const model = models.get(input("model").value);
+  if (!model) return;
+  const limits = model.limits;
+  const range =
+    `${limits.min_size} to ${limits.max_width} × ${limits.max_height} px, multiples of ` +
+    `${limits.size_multiple}, at most ${limits.max_pixels.toLocaleString("en")} pixels.`;
+  if (kind() === "txt2img") {
+    setText("hint-size", range);
+    return;
+  }
+  const size = inputSize();
+  const fitted = size ? fitSize(model, size.width, size.height) : null;
+  setText(
+    "hint-size",
+    `${range} Left empty, the output takes the input's size within these` +
+      (fitted ? `: ${fitted[0]} × ${fitted[1]}.` : "."),
+  );
+}
+
+export function kind() {
+  const chosen = document.querySelector("input[name=kind]:checked");
+  return chosen ? chosen.value : "txt2img";
+}
+
+// The modes the model offers (its `kinds`); one it lacks is hidden, and the form moves to
+// the first it offers when the chosen one goes.
+function offerKinds(model) {
+  const kinds = model.kinds || ["txt2img"];
+  for (const radio of kindRadios()) {
+    const offered = kinds.includes(radio.value);
+    radio.disabled = !offered;
+    radio.closest("label").hidden = !offered;
+  }
+  const others = Object.keys(KIND_NAMES).filter((name) => !kinds.includes(name));
+  setText(
+    "hint-kind",
+    others.length ? `${model.name} offers ${kinds.map((name) => KIND_NAMES[name]).join(" and ")} only.` : "",
+  );
+  if (!kinds.includes(kind())) setKind(kinds[0]);
+}
+
+// Switch the form to `name`: its fields shown, its strength's default, and the size
+// left to the input's for the image kinds (the model's default for text to image).
+export function setKind(name) {
+  input(`kind-${name}`).checked = true;
+  kindChanged();
+}
+
+function kindChanged() {
+  const name = kind();
+  showPicture(name);
+  if (name !== "txt2img") {
+    input("strength").value = DEFAULT_STRENGTH[name];
+    showStrength();
+  }
+  const model = models.get(input("model").value);
+  for (const side of ["width", "height"]) {
+    const box = input(side);
+    box.placeholder = name === "txt2img" ? "model default" : "the input's";
+    if (name !== "txt2img") box.value = "";
+    else if (model && box.value === "") box.value = model.limits[`default_${side}`];
+  }
+  sizeHint();
+  edited();
+}
+
+function showStrength() {
+  $("strength-value").textContent = Number(input("strength").value).toFixed(2);
 }
 
 export async function loadCatalog() {
@@ -90,6 +208,7 @@ export async function loadCatalog() {
   );
   select.value = models.has(chosen) ? chosen : catalog.default_model;
   applyLimits(models.get(select.value), true);
+  estimateOn = true;
   scheduleEstimate();
 }
 
@@ -99,14 +218,29 @@ function numberOrText(raw) {
 }
 
 // The request body as the API takes it; empty optional fields are left to its defaults.
+// Without its images (readJob adds them).
 export function readRequest() {
-  const body = {};
+  const body = { kind: kind() };
   for (const name of FIELDS) {
     const raw = input(name).value;
     if (raw.trim() === "" && name !== "prompt") continue;
     body[name] = NUMBERS.has(name) ? numberOrText(raw) : raw;
   }
+  if (body.kind !== "txt2img") body.strength = Number(input("strength").value);
+  if (body.kind === "inpaint") {
+    const blur = input("mask_blur").value;
+    if (blur.trim() !== "") body.mask_blur = numberOrText(blur);
+    body.masked_only = input("masked_only").checked;
+  }
   return body;
+}
+
+// The whole job request: the form's fields and, for the image kinds, the input image's
+// upload and the painted mask's (uploaded now).
+export async function readJob() {
+  const body = readRequest();
+  if (body.kind === "txt2img") return body;
+  return { ...body, ...(await pictureFields(body.kind)) };
 }
 
 export function fillForm(params, { newSeed = false } = {}) {
@@ -114,6 +248,14 @@ export function fillForm(params, { newSeed = false } = {}) {
     input("model").value = params.model;
     applyLimits(models.get(params.model), false);
   }
+  const wanted = params.kind || "txt2img";
+  if (wanted !== kind() && !input(`kind-${wanted}`).disabled) setKind(wanted);
+  if (params.strength !== undefined) {
+    input("strength").value = params.strength;
+    showStrength();
+  }
+  if (params.mask_blur !== undefined) input("mask_blur").value = params.mask_blur;
+  if (params.masked_only !== undefined) input("masked_only").checked = params.masked_only;
   for (const name of FIELDS) {
     if (name === "model" || params[name] === undefined) continue;
     input(name).value = params[name] === null ? "" : params[name];
@@ -122,12 +264,14 @@ export function fillForm(params, { newSeed = false } = {}) {
   scheduleEstimate();
 }
 
-function describe(estimate) {
+export function describe(estimate) {
   if (estimate.run_seconds === null) {
     return "Expected time: not known yet (no job has finished on this model).";
   }
   const wait = estimate.queue_seconds > 0.5 ? `, after about ${seconds(estimate.queue_seconds)} in the queue` : "";
-  return `Expected time: about ${seconds(estimate.run_seconds)}${wait}.`;
+  const jobs = estimate.samples === 1 ? "1 finished job" : `${estimate.samples} finished jobs`;
+  const rough = estimate.samples < SURE_SAMPLES ? ` A rough guess: it rests on ${jobs} on this model.` : "";
+  return `Expected time: about ${seconds(estimate.run_seconds)}${wait}.${rough}`;
 }
 
 export function seconds(value) {
@@ -136,14 +280,43 @@ export function seconds(value) {
   return `${Math.round(value / 60)} min`;
 }
 
+// The estimate's query. An image job costs what a text to image job of its output size
+// and of the steps its strength leaves would (the estimate counts denoising steps), so it
+// is asked as one: the output's size is the input's fitted to the model, unless typed.
+// Null while an image job has no input to size it by.
+function estimateQuery(body) {
+  const query = new URLSearchParams();
+  const asked = { ...body };
+  if (body.kind !== "txt2img") {
+    const model = models.get(body.model);
+    if (asked.width === undefined || asked.height === undefined) {
+      const size = inputSize();
+      if (!size) return null;
+      const [width, height] = fitSize(model, size.width, size.height);
+      asked.width = asked.width ?? width;
+      asked.height = asked.height ?? height;
+    }
+    const steps = asked.steps ?? model.limits.default_steps;
+    if (typeof steps === "number") {
+      asked.steps = Math.max(1, Math.min(steps, Math.floor(steps * body.strength)));
+    }
+  }
+  for (const name of ["width", "height", "steps", "num_images"]) {
+    if (asked[name] !== undefined) query.set(name, asked[name]);
+  }
+  return query;
+}
+
 async function refreshEstimate() {
+  if (!estimateOn) return;
   const run = ++estimateRun;
   const body = readRequest();
   const model = body.model;
-  if (!model) return;
-  const query = new URLSearchParams();
-  for (const name of ["width", "height", "steps", "num_images"]) {
-    if (body[name] !== undefined) query.set(name, body[name]);
+  if (!model || !models.has(model)) return;
+  const query = estimateQuery(body);
+  if (!query) {
+    setText("estimate", "");
+    return;
   }
   try {
     const estimate = await api(`/v1/models/${encodeURIComponent(model)}/estimate?${query}`);
@@ -171,12 +344,36 @@ export function scheduleEstimate() {
   estimateTimer = setTimeout(refreshEstimate, ESTIMATE_DELAY_MS);
 }
 
+// A job was submitted: its panel takes over; the estimate returns when the form changes.
+export function hideEstimate() {
+  estimateOn = false;
+  estimateRun++; // an answer still on its way is dropped
+  clearTimeout(estimateTimer);
+  setText("estimate", "");
+}
+
+function edited() {
+  estimateOn = true;
+  scheduleEstimate();
+}
+
+// The chosen image changed (or its upload answered): its size is the output's default.
+export function pictureChanged() {
+  sizeHint();
+  edited();
+}
+
 export function watchForm() {
   input("model").addEventListener("change", () => {
     applyLimits(models.get(input("model").value), true);
   });
   for (const name of ESTIMATE_FIELDS) {
-    input(name).addEventListener("input", scheduleEstimate);
-    input(name).addEventListener("change", scheduleEstimate);
+    input(name).addEventListener("input", edited);
+    input(name).addEventListener("change", edited);
   }
+  for (const radio of kindRadios()) radio.addEventListener("change", kindChanged);
+  input("strength").addEventListener("input", () => {
+    showStrength();
+    edited();
+  });
 }

@@ -1,5 +1,5 @@
 // Recent jobs, newest first, paged with the API's cursor.
-import { api } from "./api.js";
+import { api, local } from "./api.js";
 
 const PAGE_SIZE = 8;
 const $ = (id) => document.getElementById(id);
@@ -18,14 +18,13 @@ function item(job) {
   thumb.className = "thumb";
   if (job.status === "succeeded" && images.length && !job.data_removed) {
     const img = document.createElement("img");
-    img.src = images[0].url;
+    img.src = local(images[0].url);
     img.alt = "";
     img.loading = "lazy";
     thumb.append(img);
   }
   const status = document.createElement("span");
-  status.className = `badge ${job.status}`;
-  status.textContent = job.data_removed ? "expired" : job.status;
+  showStatus(status, job);
   const prompt = document.createElement("span");
   prompt.className = "job-prompt";
   prompt.textContent = job.input.prompt;
@@ -36,6 +35,21 @@ function item(job) {
   button.addEventListener("click", () => onOpen(job.id));
   li.append(button);
   return li;
+}
+
+function showStatus(badge, job) {
+  badge.className = `badge ${job.status}`;
+  badge.textContent = job.data_removed ? "expired" : job.status;
+}
+
+// The watched job changed (queued to running, running to succeeded …): its line here says
+// so at once, rather than what it was when the list was loaded.
+export function updateJob(job) {
+  for (const li of $("job-list").children) {
+    if (li.dataset.jobId !== job.id) continue;
+    li.dataset.status = job.status;
+    showStatus(li.querySelector(".badge"), job);
+  }
 }
 
 export function onOpenJob(callback) {

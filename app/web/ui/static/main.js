@@ -1,8 +1,11 @@
 // Wires the page together: key, form, the watched job and the recent jobs.
 import { api, ApiError, apiKey } from "./api.js";
-import { fillForm, loadCatalog, readRequest, showErrors, watchForm } from "./form.js";
-import { loadJobs, onOpenJob } from "./jobs.js";
-import { cancelCurrent, currentJob, onJobFinished, watch } from "./view.js";
+import {
+  fillForm, hideEstimate, loadCatalog, pictureChanged, readJob, showErrors, watchForm,
+} from "./form.js";
+import { loadJobs, onOpenJob, updateJob } from "./jobs.js";
+import { knownUpload, onPictureChanged, watchPicture } from "./picture.js";
+import { cancelCurrent, currentJob, onJobChanged, onJobFinished, repeatable, watch } from "./view.js";
 
 const $ = (id) => document.getElementById(id);
 let retryTimer = null;
@@ -53,30 +56,56 @@ function report(error) {
   }
 }
 
+// Text with the command names set as <code>, built from nodes (never from markup).
+function withCode(...parts) {
+  return parts.map((part) => {
+    if (typeof part === "string") return document.createTextNode(part);
+    const code = document.createElement("code");
+    code.textContent = part.code;
+    return code;
+  });
+}
+
+// The recent jobs, with the watched job's line as it is now (the list may have been read
+// while it was still queued).
+async function refreshJobs(options) {
+  await loadJobs(options);
+  const job = currentJob();
+  if (job) updateJob(job);
+}
+
 async function start() {
   if (!apiKey.get()) {
-    $("key-status").textContent = "Enter an API key (diffq keys create, or the one `diffq up` printed).";
+    $("key-status").replaceChildren(
+      ...withCode(
+        "Enter an API key: the one ", { code: "diffq up" }, " printed, or a new one from ",
+        { code: "diffq keys create --tenant NAME" }, ". The models load once it is saved.",
+      ),
+    );
     $("api-key").focus();
     return;
   }
   $("key-status").textContent = "Key saved in this browser.";
   try {
     await loadCatalog();
-    await loadJobs();
+    await refreshJobs();
   } catch (error) {
     report(error);
   }
 }
 
+// Submit the job `body` gives (a function: the form's request is read once the button is
+// off, as it may first upload the painted mask).
 async function submit(body) {
   showErrors({});
   notice("");
   const button = $("submit-job");
   button.disabled = true;
   try {
-    const job = await api("/v1/jobs", { method: "POST", body });
+    const job = await api("/v1/jobs", { method: "POST", body: await body() });
+    hideEstimate();
     watch(job);
-    loadJobs().catch(report);
+    refreshJobs().catch(report);
   } catch (error) {
     report(error);
   } finally {
@@ -95,20 +124,26 @@ async function openJob(id) {
 
 // The job's own normalized input, so fields the form lacks (scheduler, format) carry over.
 const REPEATED = [
-  "prompt", "negative_prompt", "model", "width", "height", "steps", "guidance_scale",
-  "seed", "num_images", "scheduler", "output_format",
+  "kind", "prompt", "negative_prompt", "model", "width", "height", "steps", "guidance_scale",
+  "seed", "num_images", "scheduler", "output_format", "strength", "mask_blur", "masked_only",
+  "masked_padding",
 ];
+// The job's input names its images by digest; a request names them by upload id.
+const IMAGES = ["image", "mask"];
 
 function again(newSeed) {
   const job = currentJob();
-  if (!job) return;
+  if (!job || !repeatable(job)) return;
   fillForm(job.input, { newSeed });
   const body = {};
   for (const name of REPEATED) {
     if (job.input[name] !== null && job.input[name] !== undefined) body[name] = job.input[name];
   }
+  for (const name of IMAGES) {
+    if (job.input[name]) body[name] = knownUpload(job.input[name]).id;
+  }
   if (newSeed) delete body.seed;
-  submit(body);
+  submit(async () => body);
 }
 
 document.addEventListener("DOMContentLoaded", () => {
@@ -125,7 +160,7 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("job-form").addEventListener("submit", (event) => {
     event.preventDefault();
-    submit(readRequest());
+    submit(readJob);
   });
   $("f-prompt").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
@@ -136,10 +171,13 @@ document.addEventListener("DOMContentLoaded", () => {
   $("cancel-job").addEventListener("click", () => cancelCurrent().catch(report));
   $("same-again").addEventListener("click", () => again(false));
   $("new-seed").addEventListener("click", () => again(true));
-  $("refresh-jobs").addEventListener("click", () => loadJobs().catch(report));
-  $("more-jobs").addEventListener("click", () => loadJobs({ more: true }).catch(report));
+  $("refresh-jobs").addEventListener("click", () => refreshJobs().catch(report));
+  $("more-jobs").addEventListener("click", () => refreshJobs({ more: true }).catch(report));
   onOpenJob(openJob);
-  onJobFinished(() => loadJobs().catch(report));
+  onJobChanged(updateJob);
+  onJobFinished(() => refreshJobs().catch(report));
   watchForm();
+  watchPicture();
+  onPictureChanged(pictureChanged);
   start();
 });

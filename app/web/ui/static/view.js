@@ -1,6 +1,7 @@
 // The job being watched: its state, a progress bar per step, cancel, and its images.
-import { api, ApiError } from "./api.js";
+import { api, ApiError, local } from "./api.js";
 import { seconds } from "./form.js";
+import { knownUpload } from "./picture.js";
 import { follow } from "./stream.js";
 
 const $ = (id) => document.getElementById(id);
@@ -18,9 +19,15 @@ const STAGES = {
 let current = null; // the job shown
 let watching = null; // AbortController of its stream
 let onFinished = () => {};
+let onChanged = () => {};
 
 export function onJobFinished(callback) {
   onFinished = callback;
+}
+
+// Called with the job each time the watched job is shown in a new status.
+export function onJobChanged(callback) {
+  onChanged = callback;
 }
 
 export function currentJob() {
@@ -86,24 +93,62 @@ async function download(url, name) {
 
 function caption(job, image) {
   const input = job.input;
+  const strength = input.strength === undefined ? "" : ` · strength ${input.strength}`;
   return (
-    `seed ${image.seed} · ${image.width}×${image.height} · ${input.steps} steps · ` +
+    `seed ${image.seed} · ${image.width}×${image.height} · ${input.steps} steps${strength} · ` +
     `guidance ${input.guidance_scale} · ${job.model}`
   );
 }
 
+// The job's input image with its mask over it, where this page uploaded them (a job names
+// them by digest); shown first, the results beside it.
+function inputs(job) {
+  const image = knownUpload(job.input.image);
+  if (!image) return [];
+  const figure = document.createElement("figure");
+  figure.className = "input";
+  const stack = document.createElement("div");
+  stack.className = "stack";
+  const img = document.createElement("img");
+  img.src = local(image.url);
+  img.width = image.width;
+  img.height = image.height;
+  img.alt = "The job's input image";
+  stack.append(img);
+  const mask = knownUpload(job.input.mask);
+  if (mask) {
+    const over = document.createElement("img");
+    over.className = "mask";
+    over.src = local(mask.url);
+    over.alt = "Its mask: the light part is redrawn";
+    stack.append(over);
+  }
+  const text = document.createElement("figcaption");
+  text.textContent = `${mask ? "Input and mask" : "Input"} · ${image.width}×${image.height}`;
+  figure.append(stack, text);
+  return [figure];
+}
+
+// Whether "Same again" can send the job's request: its input images are uploads this page
+// knows the ids of.
+export function repeatable(job) {
+  return ["image", "mask"].every((name) => !job.input[name] || knownUpload(job.input[name]));
+}
+
 function showImages(job) {
   const box = $("job-images");
+  box.classList.toggle("beside", Boolean(job.input.image));
   const images = (job.result && job.result.images) || [];
   if (job.data_removed) {
-    box.replaceChildren();
+    box.replaceChildren(...inputs(job));
     return;
   }
   box.replaceChildren(
+    ...inputs(job),
     ...images.map((image, index) => {
       const figure = document.createElement("figure");
       const img = document.createElement("img");
-      img.src = image.url;
+      img.src = local(image.url);
       img.width = image.width;
       img.height = image.height;
       img.alt = `Image ${index + 1} of the job: ${job.input.prompt}`;
@@ -115,7 +160,7 @@ function showImages(job) {
       save.textContent = "Download";
       const extension = (image.content_type || "image/png").split("/")[1];
       save.addEventListener("click", () =>
-        download(image.url, `diffq-${job.id}-${index}.${extension}`),
+        download(local(image.url), `diffq-${job.id}-${index}.${extension}`),
       );
       figure.append(img, text, save);
       return figure;
@@ -124,16 +169,20 @@ function showImages(job) {
 }
 
 function render(job, progress) {
+  if (!current || current.id !== job.id || current.status !== job.status) onChanged(job);
   current = job;
   $("current").hidden = false;
   $("job-prompt").textContent = job.input.prompt;
   const terminal = TERMINAL.has(job.status);
   $("cancel-job").hidden = terminal;
-  $("same-again").hidden = !terminal;
-  $("new-seed").hidden = !terminal;
+  $("same-again").hidden = !terminal || !repeatable(job);
+  $("new-seed").hidden = !terminal || !repeatable(job);
   showProgress(job, progress || job.progress || {});
   if (terminal) showImages(job);
-  else $("job-images").replaceChildren();
+  else {
+    $("job-images").classList.toggle("beside", Boolean(job.input.image));
+    $("job-images").replaceChildren(...inputs(job));
+  }
 }
 
 // Show `job` and follow its events until it finishes (or another job is shown).
@@ -145,7 +194,7 @@ export function watch(job) {
   if (TERMINAL.has(job.status)) return;
   let progress = job.progress || {};
   follow(
-    job.urls.events,
+    local(job.urls.events),
     (name, data) => {
       if (controller.signal.aborted) return true;
       if (name === "status") {
@@ -159,8 +208,7 @@ export function watch(job) {
         progress = data;
         showProgress(current, progress);
         if (current.status === "queued" && data.stage && data.stage !== "queued") {
-          current = { ...current, status: "running" };
-          render(current, progress);
+          render({ ...current, status: "running" }, progress);
         }
       }
       return false;

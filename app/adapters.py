@@ -1,0 +1,283 @@
+"""LoRA adapters: checked once, at upload, from the safetensors header alone (no torch,
+nothing unpickled), stored under the tenant's prefix by digest, named by jobs.
+
+An adapter must be a safetensors file: an 8-byte little-endian header length, a JSON
+header naming each tensor's dtype, shape and byte range, then the bytes. Anything else
+(a pickle, a `.bin`/`.ckpt` checkpoint, a zip) is refused before any of it is
+interpreted; a file whose tensors run past its end is truncated. Its keys must be LoRA
+pairs (the diffusers/PEFT `lora_A`/`lora_B` form or kohya's `lora_down`/`lora_up`), each
+pair of one rank, at most `MAX_RANK`, and they must fit the base model's family
+(`FAMILIES`): a cross-attention projection's input is the family's text embedding width
+(768 for SD 1.5, 2048 for SDXL), a text encoder's its hidden size, and a second text
+encoder only where the family has one. So an SDXL LoRA for an SD 1.5 model is refused at
+upload, naming the mismatch, never found out by a worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import struct
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.db.models import Adapter
+from app.db.types import utcnow
+from app.storage import Storage
+
+# The largest rank an adapter may have (r of A: r x in, B: out x r).
+MAX_RANK = 256
+# A request's adapter scale: -SCALE_LIMIT..SCALE_LIMIT.
+SCALE_LIMIT = 2.0
+# A header longer than this is not a LoRA's (SDXL LoRAs' headers are ~200 kB).
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a base model family's LoRAs must fit: its cross-attention input width (the
+    text embedding) and its text encoders' hidden sizes (one or two)."""
+
+    name: str
+    cross_attention_dim: int
+    text_hidden: tuple[int, ...]
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family("sd15", 768, (768,)),
+        Family("sd2", 1024, (1024,)),
+        Family("sdxl", 2048, (768, 1280)),
+        Family("tiny", 32, (32,)),  # workers/tiny.py
+    )
+}
+
+
+class AdapterRefused(ValueError):
+    """An adapter no job could run with; `field` names the request's field."""
+
+    def __init__(self, field: str, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.field, self.message, self.status = field, message, status
+
+
+@dataclass(frozen=True)
+class CheckedAdapter:
+    data: bytes
+    sha256: str
+    rank: int
+    pairs: int  # adapted layers
+    family: str
+
+
+def adapter_key(tenant_id: object, sha256: str) -> str:
+    return f"{tenant_id}/adapters/{sha256}.safetensors"
+
+
+def read_header(data: bytes, *, field: str) -> dict[str, Any]:
+    """The safetensors header of `data` (tensors by name: dtype, shape, data_offsets),
+    checked against the file: every range inside the data, of the size its shape says."""
+    not_safetensors = AdapterRefused(
+        field,
+        "Not a safetensors file: send the adapter as .safetensors "
+        "(pickled .bin, .pt or .ckpt checkpoints are refused).",
+    )
+    if len(data) < 8:
+        raise AdapterRefused(field, "Truncated: shorter than a safetensors header.")
+    (length,) = struct.unpack("<Q", data[:8])
+    if length < 2 or length > MAX_HEADER_BYTES or data[8:9] != b"{":
+        raise not_safetensors
+    if 8 + length > len(data):
+        raise AdapterRefused(field, "Truncated: the file ends inside its safetensors header.")
+    try:
+        header = json.loads(data[8 : 8 + length])
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise not_safetensors from exc
+    if not isinstance(header, dict):
+        raise not_safetensors
+    body = len(data) - 8 - length
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    end = 0
+    for name, entry in tensors.items():
+        try:
+            dtype, shape, (start, stop) = entry["dtype"], entry["shape"], entry["data_offsets"]
+            size = DTYPE_BYTES[dtype] * math.prod(int(s) for s in shape)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AdapterRefused(field, f"Tensor {name!r}: a malformed header entry.") from exc
+        if stop > body:
+            raise AdapterRefused(field, "Truncated: its tensors run past the end of the file.")
+        if not 0 <= start <= stop or stop - start != size:
+            raise AdapterRefused(field, f"Tensor {name!r}: its byte range does not fit its shape.")
+        end = max(end, stop)
+    if not tensors:
+        raise AdapterRefused(field, "No tensors: an empty adapter.")
+    return tensors
+
+
+# diffusers / PEFT: unet.<module>.lora_A.weight (also .lora.down.weight), text_encoder[_2].
+_PEFT = re.compile(
+    r"^(?P<component>unet|text_encoder|text_encoder_2)\.(?P<module>.+?)"
+    r"\.(?:(?P<peft>lora_[AB])\.weight|lora\.(?P<old>down|up)\.weight|(?P<alpha>alpha))$"
+)
+# kohya: lora_unet_<module>.lora_down.weight, lora_te[1|2]_<module>…, <prefix>.alpha
+_KOHYA = re.compile(
+    r"^lora_(?P<component>unet|te|te1|te2)_(?P<module>[^.]+)"
+    r"\.(?:lora_(?P<part>down|up)\.weight|(?P<alpha>alpha))$"
+)
+_COMPONENTS = {"unet": "unet", "text_encoder": "te1", "te": "te1", "te1": "te1"}
+_COMPONENTS |= {"text_encoder_2": "te2", "te2": "te2"}
+
+
+def _parse_key(key: str) -> tuple[str, str, str] | None:
+    """(component: unet/te1/te2, module with dots as underscores, part: down/up/alpha)."""
+    match = _PEFT.match(key)
+    if match:
+        part = (
+            "alpha"
+            if match["alpha"]
+            else {"lora_A": "down", "lora_B": "up"}.get(match["peft"] or "", match["old"])
+        )
+        module = match["module"].replace(".", "_")
+        return _COMPONENTS[match["component"]], module, part
+    match = _KOHYA.match(key)
+    if match:
+        part = "alpha" if match["alpha"] else match["part"]
+        return _COMPONENTS[match["component"]], match["module"], part
+    return None
+
+
+def check_lora(tensors: dict[str, Any], family: Family, *, field: str) -> tuple[int, int]:
+    """(rank, adapted layers) of a LoRA that fits `family`; refused otherwise, naming
+    the first key that does not."""
+    layers: dict[tuple[str, str], dict[str, list[int]]] = {}
+    for key, entry in tensors.items():
+        parsed = _parse_key(key)
+        if parsed is None:
+            raise AdapterRefused(
+                field,
+                f"Not a LoRA key: {key!r} (expected diffusers/PEFT lora_A/lora_B or "
+                "kohya lora_down/lora_up keys).",
+            )
+        component, module, part = parsed
+        layers.setdefault((component, module), {})[part] = list(entry["shape"])
+    rank = 0
+    for (component, module), parts in layers.items():
+        where = f"{component} {module}"
+        if "down" not in parts or "up" not in parts:
+            raise AdapterRefused(field, f"{where}: a LoRA layer needs both its down and up.")
+        down, up = parts["down"], parts["up"]
+        if len(down) not in (2, 4) or len(up) != len(down):
+            raise AdapterRefused(field, f"{where}: down {down} and up {up} are not LoRA weights.")
+        if down[0] != up[1]:
+            raise AdapterRefused(
+                field, f"Rank mismatch at {where}: down has rank {down[0]}, up {up[1]}."
+            )
+        if not 1 <= down[0] <= MAX_RANK:
+            raise AdapterRefused(field, f"Rank {down[0]} at {where}: at most {MAX_RANK}.")
+        rank = max(rank, down[0])
+        width = down[1]
+        if component == "te2" and len(family.text_hidden) < 2:
+            raise AdapterRefused(
+                field,
+                f"Made for a model with two text encoders (SDXL): {family.name} models have one.",
+            )
+        cross = component == "unet" and re.search(r"attn2_to_[kv]$", module)
+        if cross and width != family.cross_attention_dim:
+            raise AdapterRefused(
+                field,
+                f"Not for the {family.name} family: {where} takes {width} features, "
+                f"{family.name} models' cross-attention takes {family.cross_attention_dim}.",
+            )
+        if component in ("te1", "te2") and re.search(r"(q|k|v)_proj$", module):
+            hidden = family.text_hidden[0 if component == "te1" else -1]
+            if width != hidden:
+                raise AdapterRefused(
+                    field,
+                    f"Not for the {family.name} family: {where} takes {width} features, "
+                    f"its text encoder has {hidden}.",
+                )
+    return rank, len(layers)
+
+
+def check(data: bytes, family: Family, *, field: str, max_bytes: int) -> CheckedAdapter:
+    """A LoRA checked for `family` (raises AdapterRefused naming `field`)."""
+    if len(data) > max_bytes:
+        raise AdapterRefused(
+            field, f"{len(data)} bytes: at most {max_bytes} (DIFFQ_ADAPTER_MAX_BYTES).", 413
+        )
+    if not data:
+        raise AdapterRefused(field, "Empty: send a .safetensors LoRA.")
+    tensors = read_header(data, field=field)
+    rank, pairs = check_lora(tensors, family, field=field)
+    return CheckedAdapter(data, hashlib.sha256(data).hexdigest(), rank, pairs, family.name)
+
+
+def store(
+    session: Session,
+    storage: Storage,
+    tenant_id: uuid.UUID,
+    adapter: CheckedAdapter,
+    *,
+    name: str | None,
+    model: str,
+) -> Adapter:
+    """Put the file under the tenant's prefix (once per digest) and record it: a new row,
+    or the same file's row (named anew, undeleted). Commits."""
+    storage.put(adapter_key(tenant_id, adapter.sha256), adapter.data, "application/octet-stream")
+    row = session.scalar(
+        select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.sha256 == adapter.sha256)
+    )
+    if row is None:
+        row = Adapter(
+            tenant_id=tenant_id,
+            sha256=adapter.sha256,
+            bytes=len(adapter.data),
+            rank=adapter.rank,
+            layers=adapter.pairs,
+            family=adapter.family,
+            model=model,
+            created_at=utcnow(),
+        )
+        session.add(row)
+    row.name = name
+    row.deleted_at = None
+    session.commit()
+    return row
+
+
+def find(session: Session, tenant_id: uuid.UUID, adapter_id: uuid.UUID) -> Adapter | None:
+    """The tenant's adapter; None for another tenant's or a deleted one, as for none."""
+    row = session.scalar(
+        select(Adapter).where(Adapter.id == adapter_id, Adapter.tenant_id == tenant_id)
+    )
+    return None if row is None or row.deleted_at is not None else row
+
+
+def listing(session: Session, tenant_id: uuid.UUID) -> Sequence[Adapter]:
+    return session.scalars(
+        select(Adapter)
+        .where(Adapter.tenant_id == tenant_id, Adapter.deleted_at.is_(None))
+        .order_by(Adapter.id)
+    ).all()

@@ -1,0 +1,1 @@
+"""Input images: upload, look up, download, forget."""

@@ -1,0 +1,173 @@
+"""Input images: `POST /v1/uploads` stores one for the tenant (checked and decoded here,
+never first in a worker), a job names it by id (`image`, `mask`)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import marshmallow as ma
+from flask import redirect, request, url_for
+from flask.views import MethodView
+from flask_smorest import abort
+from marshmallow import fields
+
+from app import uploads
+from app.db.types import utcnow
+from app.uploads import InputRefused, input_key
+from app.web.auth import current_tenant, require_api_key
+from app.web.bodies import Blueprint
+from app.web.inputs import store
+from app.web.services import request_session, services
+
+blp = Blueprint(
+    "uploads",
+    __name__,
+    url_prefix="/v1/uploads",
+    description="Input images for image-to-image and inpainting jobs.",
+)
+blp.before_request(require_api_key)
+
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp")
+BINARY = {"type": "string", "format": "binary"}
+
+
+class UploadSchema(ma.Schema):
+    id = fields.UUID(metadata={"description": "What a job's `image` or `mask` names."})
+    sha256 = fields.String(
+        metadata={"description": "SHA-256 of the image as stored (PNG): in job manifests."}
+    )
+    width = fields.Integer(metadata={"example": 768})
+    height = fields.Integer(metadata={"example": 512})
+    bytes = fields.Integer(metadata={"description": "Size of the stored PNG."})
+    mode = fields.String(metadata={"description": "RGB, or RGBA where the image has transparency."})
+    content_type = fields.String(metadata={"example": "image/png"})
+    created_at = fields.DateTime()
+    expires_at = fields.DateTime(
+        metadata={
+            "description": "After this the id no longer names it (DIFFQ_INPUT_TTL); a job "
+            "that uses it keeps the image as long as the job's results are kept."
+        }
+    )
+    urls = fields.Dict(keys=fields.String(), values=fields.String())
+
+
+def _view(row) -> dict:
+    return {
+        "id": row.id,
+        "sha256": row.sha256,
+        "width": row.width,
+        "height": row.height,
+        "bytes": row.bytes,
+        "mode": row.mode,
+        "content_type": "image/png",
+        "created_at": row.created_at,
+        "expires_at": row.expires_at,
+        "urls": {
+            "self": url_for("uploads.Upload", upload_id=row.id, _external=True),
+            "content": url_for("uploads.UploadContent", upload_id=row.id, _external=True),
+        },
+    }
+
+
+def _found(upload_id: uuid.UUID):
+    row = uploads.find(request_session(), current_tenant(), upload_id)
+    if row is None:
+        abort(404, message="No such upload.")
+    return row
+
+
+def _body() -> bytes:
+    """The image: the `file` part of a multipart form, or the whole body."""
+    if request.mimetype == "multipart/form-data":
+        part = request.files.get("file")
+        if part is None:
+            abort(422, errors={"files": {"file": ["Missing: send the image as `file`."]}})
+        return part.read()
+    if request.mimetype not in (*IMAGE_TYPES, "application/octet-stream"):
+        problem = (
+            f"Send the image as multipart/form-data (field `file`) or as the body with "
+            f"Content-Type one of {', '.join(IMAGE_TYPES)}; got {request.mimetype or 'none'!r}."
+        )
+        abort(415, message=problem, errors={"headers": {"Content-Type": [problem]}})
+    return request.get_data(cache=False)
+
+
+@blp.route("")
+class Uploads(MethodView):
+    @blp.doc(
+        requestBody={
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "properties": {"file": BINARY},
+                        "required": ["file"],
+                    }
+                },
+                **{
+                    kind: {"schema": {"type": "string", "format": "binary"}} for kind in IMAGE_TYPES
+                },
+            },
+        }
+    )
+    @blp.response(201, UploadSchema)
+    @blp.alt_response(401, description="No or bad API key.")
+    @blp.alt_response(413, description="Past DIFFQ_INPUT_MAX_BYTES.")
+    @blp.alt_response(415, description="Neither a multipart form nor an image body.")
+    @blp.alt_response(
+        422,
+        description="Not a PNG, JPEG or WebP image, truncated or damaged, or past "
+        "DIFFQ_INPUT_MAX_PIXELS (read from its header, before decoding).",
+    )
+    def post(self):
+        """Upload an input image
+
+        Checked and decoded here: a PNG, JPEG or WebP image, at most DIFFQ_INPUT_MAX_PIXELS
+        pixels (read from the header before anything is decoded), decoded in full, turned
+        upright by its EXIF orientation, stored as PNG under your prefix. The same image
+        uploaded again is the same upload (its expiry moved on). Jobs name it by `id`.
+        """
+        try:
+            row = store(_body(), field="file")
+        except InputRefused as refused:
+            abort(refused.status, errors={"files": {"file": [refused.message]}})
+        return _view(row), 201
+
+
+@blp.route("/<uuid:upload_id>")
+class Upload(MethodView):
+    @blp.response(200, UploadSchema)
+    @blp.alt_response(401, description="No or bad API key.")
+    @blp.alt_response(404, description="No such upload (or not yours, or expired).")
+    def get(self, upload_id: uuid.UUID):
+        """Look an upload up"""
+        return _view(_found(upload_id))
+
+    @blp.response(204)
+    @blp.alt_response(401, description="No or bad API key.")
+    @blp.alt_response(404, description="No such upload (or not yours, or expired).")
+    def delete(self, upload_id: uuid.UUID):
+        """Forget an upload
+
+        Its id names nothing from now on; the image itself goes once no job whose
+        results are kept uses it.
+        """
+        row = _found(upload_id)
+        row.expires_at = utcnow() - timedelta(seconds=1)
+        request_session().commit()
+        return None
+
+
+@blp.route("/<uuid:upload_id>/content")
+class UploadContent(MethodView):
+    @blp.response(302, description="Redirect to a short-lived download URL of the PNG.")
+    @blp.alt_response(401, description="No or bad API key.")
+    @blp.alt_response(404, description="No such upload (or not yours, or expired).")
+    def get(self, upload_id: uuid.UUID):
+        """Download an upload (the PNG as stored)"""
+        svc = services()
+        row = _found(upload_id)
+        key = input_key(row.tenant_id, row.sha256)
+        return redirect(svc.storage.url(key, svc.settings.presign_ttl), 302)

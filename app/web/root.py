@@ -1,0 +1,24 @@
+"""The API process's root: app/services.py's, plus what only the API holds (the
+LISTEN/NOTIFY watcher of its event streams). Built by app/web/factory.py and kept on the
+Flask app; views reach it through app/web/services.py."""
+
+from __future__ import annotations
+
+from app import services as root
+from app.web.streams import StreamSlots
+from app.web.throttle import FailureCounter
+from app.web.watch import JobWatcher
+
+
+class ApiRoot(root.Services):
+    @root.resource
+    def watcher(self) -> JobWatcher:
+        return JobWatcher(self.db)
+
+    @root.resource
+    def auth_failures(self) -> FailureCounter:
+        return FailureCounter(self.settings.auth_failures)
+
+    @root.resource
+    def streams(self) -> StreamSlots:
+        return StreamSlots(self.settings.max_streams, self.settings.max_tenant_streams)

@@ -1,0 +1,139 @@
+"""Cold start: from a worker process's start to the moment its first job can start.
+
+    .venv/bin/python -m bench.cold_start [--models tiny tiny-sd3 tiny-flux sd15] [--runs 3]
+
+Each run is a fresh Python process doing what a GPU worker's pool process does before
+its first job (workers/runtime.py `build_runtime`): import torch, diffusers and the
+worker's modules, read the weights (`from_pretrained`, by workers/pipelines.py
+`load_model`), move them to the device, warm up (one short job through the worker's own
+pipeline call). The phases are split:
+
+- import: process start (the parent's spawn) to the worker's modules imported;
+- load: `from_pretrained`; device: `.to(device)`; warm-up: the first short job;
+- other: the rest of `load_model` (the weights' SHA-256 digest, checks).
+
+`tiny*` are the tests' random-weight models (workers/tiny.py, workers/tiny_flow.py); `sd15`
+is bench/gpu.py's architecture-true SD 1.5 with random weights (full size and fp16 on a
+CUDA GPU, widths / 10 on a CPU). The worker records load, device and warm-up of every
+model it serves as `diffq_worker_model_start_seconds{model,phase}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.report import print_table
+
+FAMILY = {"tiny": "sd", "tiny-sd3": "sd3", "tiny-flux": "flux", "sd15": "sd"}
+
+
+def _child(path: str, family: str, device: str, dtype: str, spawned: float) -> None:
+    from dataclasses import replace
+
+    imported_started = time.time()
+    import torch
+
+    from app.catalog import tiny_spec
+    from workers.pipelines import load_model, preimport_components, warm_up
+
+    spec = tiny_spec(Path(path))
+    spec = replace(spec, family=family, schedulers=("default",), dtype=dtype)
+    if family != "sd":
+        spec = replace(spec, size_multiple=16)
+    preimport_components(spec)  # as the worker's main process does before forking
+    import diffusers.pipelines  # noqa: F401  (DiffusionPipeline's own import)
+
+    imported = time.time()
+    model = load_model(spec, device)
+    warm = warm_up(model)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    ready = time.time()
+    print(
+        json.dumps(
+            {
+                "interpreter": imported_started - spawned,
+                "import": imported - spawned,
+                "load": model.load_seconds,
+                "device": model.device_seconds,
+                "warm-up": warm,
+                # the rest: the weights' digest (workers/manifest.py), loading's checks
+                "other": (ready - imported) - model.load_seconds - model.device_seconds - warm,
+                "total": ready - spawned,
+            }
+        ),
+        flush=True,
+    )
+
+
+def _build(name: str, root: Path, gpu: bool) -> Path:
+    from workers.tiny import build_tiny_model
+
+    path = root / name
+    if name == "sd15":
+        from bench.gpu import build
+
+        build("sd15", 1 if gpu else 10).save_pretrained(path)
+        return path
+    return build_tiny_model(path, family=FAMILY[name])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["tiny", "tiny-sd3", "tiny-flux"])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--child", nargs=5, metavar="ARG", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        path, family, device, dtype, spawned = args.child
+        _child(path, family, device, dtype, float(spawned))
+        return
+    import torch
+
+    gpu = torch.cuda.is_available()
+    device = "cuda" if gpu else "cpu"
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            path = _build(name, Path(tmp), gpu)
+            dtype = "float16" if gpu and name == "sd15" else "float32"
+            runs = []
+            for _ in range(args.runs):
+                spawned = time.time()
+                command = [sys.executable, "-m", "bench.cold_start", "--child", str(path)]
+                command += [FAMILY[name], device, dtype, repr(spawned)]
+                out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            row = {"model": name, "device": device, "runs": len(runs)}
+            for phase in ("interpreter", "import", "load", "device", "warm-up", "other", "total"):
+                row[f"{phase} s"] = statistics.median(r[phase] for r in runs)
+            rows.append(row)
+            print(row, flush=True)
+    print_table(
+        f"Cold start, process start to first job ready (median of {args.runs} runs, {device})",
+        rows,
+        [
+            "model",
+            "device",
+            "runs",
+            "import s",
+            "load s",
+            "device s",
+            "warm-up s",
+            "other s",
+            "total s",
+        ],
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""`diffq batch`: submit a JSON Lines file of job requests as one batch and follow it
+(a progress bar over the batch; Ctrl-C asks whether to cancel it), get, list, cancel,
+and download its results. Through diffq.client, like every client command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from cli.client import _client, _connection
+from diffq.client import Client as Library
+
+BAR_WIDTH = 30
+
+
+def _library(url: str | None, key: str | None) -> Library:
+    return _client(url, key).api
+
+
+def progress_line(batch: dict) -> str:
+    counts = batch.get("counts") or {}
+    total = counts.get("total") or batch.get("request_counts", {}).get("total") or 0
+    done = sum(counts.get(k, 0) for k in ("succeeded", "failed", "canceled", "expired", "invalid"))
+    filled = int(BAR_WIDTH * done / total) if total else 0
+    bar = "#" * filled + "." * (BAR_WIDTH - filled)
+    return (
+        f"[{bar}] {done}/{total} {batch['status']}: succeeded {counts.get('succeeded', 0)}, "
+        f"failed {counts.get('failed', 0)}, running {counts.get('running', 0)}, "
+        f"queued {counts.get('queued', 0)}"
+    )
+
+
+def _summary(batch: dict) -> str:
+    counts = batch.get("counts") or {}
+    shown = ", ".join(f"{k} {v}" for k, v in counts.items() if v and k != "total")
+    return f"batch {batch['id']} {batch['status']} ({shown or 'nothing'})"
+
+
+def _write_results(api: Library, batch_id: str, output: str) -> int:
+    rows = api.batches.results(batch_id)
+    Path(output).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return len(rows)
+
+
+@click.group("batch", short_help="Batches: many jobs as one (submit a JSONL file, follow it).")
+def batch() -> None:
+    """Batches through the API: submit, get, list, cancel, results."""
+
+
+@batch.command("submit")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--completion-window", help="jobs not started by then expire (24h, 90m, 3600)")
+@click.option("--webhook", help="a URL for the batch's end")
+@click.option("--idempotency-key", help="the same key again answers with the same batch")
+@click.option("--wait", is_flag=True, help="follow it to its end with a progress bar")
+@click.option("-o", "--output", help="with --wait: write the results file here")
+@click.option("--json", "as_json", is_flag=True, help="print the batch as JSON")
+@_connection
+def batch_submit(
+    path, completion_window, webhook, idempotency_key, wait, output, as_json, url, key
+) -> int:
+    """Submit PATH (JSON Lines: one POST /v1/jobs body a line, each with its custom_id)."""
+    api = _library(url, key)
+    handle = api.batches.create_from_jsonl(
+        Path(path),
+        completion_window=completion_window,
+        webhook=webhook,
+        idempotency_key=idempotency_key,
+    )
+    print(f"batch {handle.id} {handle.batch['status']}", file=sys.stderr)
+    found = handle.batch
+    if wait:
+        show = not as_json
+
+        def draw(current: dict) -> None:
+            if show:
+                sys.stderr.write("\r\033[K" + progress_line(current))
+                sys.stderr.flush()
+
+        try:
+            found = handle.wait(on_update=draw)
+        except KeyboardInterrupt:
+            sys.stderr.write("\n")
+            if click.confirm(f"Cancel batch {handle.id}?", default=False, err=True):
+                found = handle.cancel()
+                print(_summary(found), file=sys.stderr)
+            else:
+                print(f"batch {handle.id} goes on: diffq batch get {handle.id}", file=sys.stderr)
+            return 130
+        if show:
+            sys.stderr.write("\n")
+        if output:
+            count = _write_results(api, handle.id, output)
+            print(f"{count} results in {output}", file=sys.stderr)
+    if as_json:
+        print(json.dumps(found, indent=2))
+    else:
+        print(_summary(found))
+    return 0 if found["status"] in ("in_progress", "completed", "validating") else 1
+
+
+@batch.command("get")
+@click.argument("batch_id")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+@_connection
+def batch_get(batch_id, as_json, url, key) -> int:
+    """Show a batch."""
+    found = _library(url, key).batches.get(batch_id)
+    print(json.dumps(found, indent=2) if as_json else _summary(found))
+    return 0
+
+
+@batch.command("list")
+@click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+@_connection
+def batch_list(limit, as_json, url, key) -> int:
+    """Your batches, newest first."""
+    page = _library(url, key).batches.list(limit=limit)
+    if as_json:
+        print(json.dumps(page, indent=2))
+    else:
+        for found in page["data"]:
+            print(_summary(found))
+    return 0
+
+
+@batch.command("cancel")
+@click.argument("batch_id")
+@_connection
+def batch_cancel(batch_id, url, key) -> int:
+    """Cancel a batch: queued jobs at once, running ones at their next step."""
+    print(_summary(_library(url, key).batches.cancel(batch_id)))
+    return 0
+
+
+@batch.command("results")
+@click.argument("batch_id")
+@click.option("-o", "--output", help="a file (default: standard output)")
+@_connection
+def batch_results(batch_id, output, url, key) -> int:
+    """The results file of an ended batch (JSON Lines, input order)."""
+    api = _library(url, key)
+    if output:
+        print(f"{_write_results(api, batch_id, output)} results in {output}", file=sys.stderr)
+    else:
+        for row in api.batches.results(batch_id):
+            print(json.dumps(row))
+    return 0

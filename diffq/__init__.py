@@ -1,0 +1,1 @@
+"""diffq's Python package for clients: `diffq.client` (docs/clients.md)."""

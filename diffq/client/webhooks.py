@@ -1,0 +1,47 @@
+"""Verifying diffq's webhooks (Standard Webhooks: HMAC-SHA256 of
+"{webhook-id}.{webhook-timestamp}.{body}" under the tenant's `whsec_` secret)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from diffq.client.errors import WebhookVerificationError
+
+
+def verify_webhook(
+    body: bytes | str,
+    headers: Mapping[str, str],
+    secret: str,
+    *,
+    tolerance: float = 300.0,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """The event (`{"type", "timestamp", "data"}`) if the delivery is diffq's: one of the
+    `webhook-signature` signatures matches under `secret` (during a rotation a delivery
+    carries one per secret) and `webhook-timestamp` is within `tolerance` seconds.
+    Raises WebhookVerificationError otherwise. Pass the body exactly as received."""
+    raw = body.encode() if isinstance(body, str) else body
+    lower = {k.lower(): v for k, v in headers.items()}
+    try:
+        msg_id, stamp = lower["webhook-id"], lower["webhook-timestamp"]
+        signatures = lower["webhook-signature"].split()
+        timestamp = int(stamp)
+    except (KeyError, ValueError) as exc:
+        raise WebhookVerificationError("missing or malformed webhook headers") from exc
+    current = time.time() if now is None else now
+    if abs(current - timestamp) > tolerance:
+        raise WebhookVerificationError("timestamp outside the tolerance (a replay?)")
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    signed = f"{msg_id}.{timestamp}.".encode() + raw
+    expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    for signature in signatures:
+        version, _, value = signature.partition(",")
+        if version == "v1" and hmac.compare_digest(value, expected):
+            return json.loads(raw)
+    raise WebhookVerificationError("no signature matches the secret")

@@ -1,0 +1,65 @@
+"""scripts/gpu-check keeps working before a GPU is at hand: its dry run (CPU, scaled
+down) runs every step and writes the report; what `--prepare` ships is what the GPU image
+lacks and nothing it has."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_dry_run_runs_every_step_and_writes_one_report(tmp_path):
+    report = tmp_path / "report.md"
+    done = subprocess.run(
+        [str(ROOT / "scripts/gpu-check"), "--dry-run", "--report", str(report)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text = report.read_text()
+    assert text.startswith("# diffq GPU check (dry run: CPU, scaled down)")
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "seconds" not in line]
+    assert len(rows) == 5, rows
+    for row in rows:
+        assert "| passed |" in row or "| skipped" in row, row
+    # Each step's own table made it into the report.
+    for heading in (
+        "no CUDA device visible to torch",  # tests/gpu: skipped, with the reason
+        "through diffq",  # bench.gpu
+        "GPU duty over 3 jobs",  # bench.duty
+        "one call per batch size",  # bench.batching
+        "Cold start, process start to first job ready",  # bench.cold_start
+    ):
+        assert heading in text, heading
+
+
+def test_prepare_ships_what_the_gpu_image_lacks_and_nothing_it_has():
+    from bench.gpu_check import IMAGE_HAS, NOT_SHIPPED, shipped
+
+    wanted = shipped()
+    for name in ("diffusers", "celery", "kombu", "flask", "sqlalchemy", "alembic", "pytest"):
+        assert name in wanted, name
+    for name in (*IMAGE_HAS, *NOT_SHIPPED, "numpy", "huggingface-hub", "diffq"):
+        assert name not in wanted, name
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert ".gpu-wheels/" in ignored and ".gpu-site/" in ignored
+
+
+def test_the_gpu_plan_runs_every_check_within_one_ten_minute_command():
+    from bench.gpu_check import steps
+
+    plan = steps(dry_run=False)
+    commands = [" ".join(step.args[2:]) for step in plan]
+    assert sum(s.limit for s in plan if not s.beside) <= 540  # + install, under 600 s
+    assert all(s.limit <= 540 for s in plan if s.beside)
+    assert commands[0].endswith("tests/gpu")
+    for model in ("sd15", "sdxl"):
+        [bench] = [c for c in commands if c.startswith(f"bench.gpu --models {model}")]
+        assert "--steps 20 30" in bench and "--compile" in bench
+    assert any("bench.duty --embedded --jobs 100 --seconds 0.5 2" in c for c in commands)
+    assert any(c.startswith("bench.batching") for c in commands)
+    assert any(c.startswith("bench.cold_start") for c in commands)

@@ -1,0 +1,215 @@
+"""LoRA adapters on a worker: a warm cache in two levels.
+
+- `AdapterMemory`, one per process: adapters read from the store (or a shared adapter's
+  file) and parsed into CPU tensors, kept in an LRU bounded in bytes
+  (DIFFQ_ADAPTER_CACHE_BYTES). Read and checked against its digest once; after that a
+  job's adapter costs no store read and no parse.
+- `PipelineAdapters`, one per loaded model: the adapters loaded into its pipeline (on
+  its device), up to DIFFQ_ADAPTER_SLOTS, LRU. Loaded from memory with
+  `low_cpu_mem_usage` (the tensors assigned, not copied twice); when the slots are full
+  the least recently used slot is hot-swapped (its weights replaced in place, no new
+  modules), falling back to deleting it and loading anew where a hot swap does not apply
+  (another rank or other layers).
+
+Each call activates exactly its jobs' adapters with their scales (`set_adapters`); a call
+without adapters disables them all, and PEFT then runs the base layers alone: the image
+is byte for byte the one a worker that never loaded an adapter makes
+(tests/worker/test_adapters.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from app.adapters import adapter_key
+from app.kinds.base import Lora
+from app.metrics.instruments import (
+    ADAPTER_EVICTIONS,
+    ADAPTER_HITS,
+    ADAPTER_LOAD_DURATION,
+    ADAPTER_LOADS,
+)
+from app.storage import StorageError, StorageUnavailable
+from app.storage.retry import get_with_retry
+
+if TYPE_CHECKING:
+    from workers.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+# Adapter sets remembered as warm (each checked against the caches when asked).
+WARM_SETS = 256
+
+
+class AdapterMissing(Exception):
+    """An adapter the job names is no longer stored (deleted), or not what it was."""
+
+
+class AdapterMemory:
+    """Adapters as CPU tensors, by digest, LRU bounded in bytes (the file's size)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, tuple[dict[str, Any], int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        # adapter set -> its digests, most recent last (app/kinds `JobRequest.adapter_set`)
+        self._sets: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+
+    def __contains__(self, sha256: str) -> bool:
+        return sha256 in self._items
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def tensors(self, rt: WorkerRuntime, tenant_id: Any, lora: Lora) -> dict[str, Any]:
+        """The adapter's tensors (CPU), read and parsed on a miss."""
+        with self._lock:
+            found = self._items.get(lora.sha256)
+            if found is not None:
+                self._items.move_to_end(lora.sha256)
+                ADAPTER_HITS.labels("memory").inc()
+                return found[0]
+        started = time.perf_counter()
+        data = _read(rt, tenant_id, lora)
+        if hashlib.sha256(data).hexdigest() != lora.sha256:
+            raise AdapterMissing(f"the adapter {lora.sha256[:12]}… changed since it was named")
+        from safetensors.torch import load
+
+        tensors = load(data)
+        seconds = time.perf_counter() - started
+        ADAPTER_LOADS.labels("store").inc()
+        ADAPTER_LOAD_DURATION.labels("store").observe(seconds)
+        log.info("adapter %s read from the store in %.3fs", lora.sha256[:12], seconds)
+        with self._lock:
+            if lora.sha256 not in self._items:
+                self._items[lora.sha256] = (tensors, len(data))
+                self._bytes += len(data)
+            while self._bytes > self.max_bytes and len(self._items) > 1:
+                _, (_, size) = self._items.popitem(last=False)
+                self._bytes -= size
+                ADAPTER_EVICTIONS.labels("memory").inc()
+        return tensors
+
+    def ran(self, loras: Iterable[Lora], adapter_set: str) -> None:
+        """A job of this set ran here: remember it as a set this worker may hold."""
+        if not adapter_set:
+            return
+        with self._lock:
+            self._sets[adapter_set] = tuple(lora.sha256 for lora in loras)
+            self._sets.move_to_end(adapter_set)
+            while len(self._sets) > WARM_SETS:
+                self._sets.popitem(last=False)
+
+    def warm_sets(self) -> tuple[str, ...]:
+        """The adapter sets whose adapters are all in memory now ("" always is)."""
+        with self._lock:
+            held = [key for key, shas in self._sets.items() if all(s in self._items for s in shas)]
+        return ("", *held)
+
+
+def _read(rt: WorkerRuntime, tenant_id: Any, lora: Lora) -> bytes:
+    if lora.name is not None:  # a shared adapter: the catalog's file
+        shared = rt.catalog.adapters.get(lora.name)
+        if shared is None or not shared.path.is_file():
+            raise AdapterMissing(f"the shared adapter {lora.name!r} is not on this worker")
+        return shared.path.read_bytes()
+    settings = rt.settings
+    try:
+        return get_with_retry(
+            rt.storage,
+            adapter_key(tenant_id, lora.sha256),
+            retries=settings.upload_retries,
+            backoff=settings.upload_backoff,
+            backoff_max=settings.upload_backoff_max,
+        )
+    except StorageUnavailable:
+        raise
+    except StorageError as exc:
+        if exc.transient:
+            raise
+        raise AdapterMissing(
+            f"the adapter {lora.sha256[:12]}… is no longer stored (deleted)"
+        ) from exc
+
+
+class PipelineAdapters:
+    """The adapters loaded into one model's pipeline, by digest, in named slots (LRU).
+    Used under the model's lock (workers/call.py)."""
+
+    def __init__(self, slots: int) -> None:
+        self.capacity = max(1, slots)
+        self._slots: OrderedDict[str, str] = OrderedDict()  # digest -> adapter name
+        self._made = 0
+
+    def __contains__(self, sha256: str) -> bool:
+        return sha256 in self._slots
+
+    @property
+    def loaded(self) -> list[str]:
+        return list(self._slots)
+
+    def activate(
+        self, pipeline: Any, loras: tuple[Lora, ...], tensors: Mapping[str, Mapping[str, Any]]
+    ) -> None:
+        """Exactly `loras` active with their scales; none when `loras` is empty."""
+        if not loras:
+            if self._slots:
+                pipeline.disable_lora()
+            return
+        keep = {lora.sha256 for lora in loras}
+        names = []
+        for lora in loras:
+            name = self._slots.get(lora.sha256)
+            if name is not None:
+                self._slots.move_to_end(lora.sha256)
+                ADAPTER_HITS.labels("pipeline").inc()
+            else:
+                name = self._load(pipeline, lora.sha256, tensors[lora.sha256], keep)
+            names.append(name)
+        pipeline.enable_lora()
+        pipeline.set_adapters(names, adapter_weights=[lora.scale for lora in loras])
+
+    def _load(self, pipeline: Any, sha256: str, tensors: Mapping[str, Any], keep: set) -> str:
+        started = time.perf_counter()
+        copy = _on_device(pipeline, tensors)
+        victim = next((s for s in self._slots if s not in keep), None)
+        name = None
+        if len(self._slots) >= self.capacity and victim is not None:
+            name = self._slots.pop(victim)
+            ADAPTER_EVICTIONS.labels("pipeline").inc()
+            try:
+                pipeline.load_lora_weights(copy, adapter_name=name, hotswap=True)
+            except Exception as exc:  # noqa: BLE001 - another rank or other layers
+                log.info("adapter hot swap did not apply (%s); loading anew", exc)
+                pipeline.delete_adapters(name)
+                name = None
+                copy = _on_device(pipeline, tensors)
+        if name is None:
+            self._made += 1
+            name = f"diffq_{self._made}"
+            pipeline.load_lora_weights(copy, adapter_name=name, low_cpu_mem_usage=True)
+        self._slots[sha256] = name
+        seconds = time.perf_counter() - started
+        ADAPTER_LOADS.labels("memory").inc()
+        ADAPTER_LOAD_DURATION.labels("memory").observe(seconds)
+        log.info("adapter %s loaded into the pipeline in %.3fs", sha256[:12], seconds)
+        return name
+
+
+def _on_device(pipeline: Any, tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the adapter's tensors on the pipeline's device and dtype: loading
+    assigns them to the new layers (low_cpu_mem_usage) and a hot swap writes into those,
+    so the cached tensors must never be handed over themselves."""
+    unet = pipeline.unet
+    device, dtype = unet.device, unet.dtype
+    return {
+        key: value.to(device=device, dtype=dtype if value.is_floating_point() else None, copy=True)
+        for key, value in tensors.items()
+    }

@@ -1,0 +1,89 @@
+"""Which job a message starts, claimed in PostgreSQL: the run a redelivered message had
+started, the fairest waiting job (weighted fair share: docs/fair-share.md), or the
+message's own job."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+from sqlalchemy.orm import Session
+
+from app.db.models import Job
+from app.db.types import utcnow
+from app.jobs import fairness, transitions
+from app.jobs.states import ErrorCode, JobStatus
+from workers.record import count_failed
+
+if TYPE_CHECKING:
+    from workers.runtime import WorkerRuntime
+
+# Tries to claim a job for one message when other workers keep taking the chosen one.
+CLAIM_TRIES = 5
+
+
+def claim_arguments(rt: WorkerRuntime, *, redelivered: bool) -> dict:
+    return {
+        "owner": rt.owner,
+        "redelivered": redelivered,
+        "max_attempts": rt.settings.max_attempts,
+        "lease_seconds": rt.settings.lease_seconds,
+    }
+
+
+def claim_for_message(
+    rt: WorkerRuntime, session: Session, message_job_id: uuid.UUID, *, redelivered: bool
+) -> transitions.Claim:
+    """Claim the job this message should start (see app/jobs/fairness.py)."""
+    claim_args = claim_arguments(rt, redelivered=redelivered)
+    started = transitions.run_started_by(session, message_job_id) if redelivered else None
+    if started is not None:  # its worker died: take the run over
+        claim = transitions.claim_job(session, started, permit_id=message_job_id, **claim_args)
+        if claim.kind == transitions.ClaimKind.CLAIMED:
+            return claim
+        if claim.kind == transitions.ClaimKind.EXHAUSTED and claim.job is not None:
+            give_up(session, claim.job)
+    for _ in range(CLAIM_TRIES):
+        session.expire_all()  # what other workers committed since the last try
+        job = session.get(Job, message_job_id)
+        if job is None:
+            return transitions.Claim(transitions.ClaimKind.MISSING)
+        # Its job ran on another job's message: this message is that job's permit.
+        spare = job.status != JobStatus.QUEUED and job.permit_id is not None
+        if not spare and not (rt.settings.fair_share and job.status == JobStatus.QUEUED):
+            break
+        if not spare and job.deadline_at is not None and job.deadline_at <= utcnow():
+            break  # its own job is past its deadline: claiming it cancels it
+        chosen = fairness.choose(
+            session, job, utcnow(), rt.settings.fair_share_window, warmth=rt.warmth()
+        )
+        if chosen is None:  # a spare permit with nothing waiting
+            kind = (
+                transitions.ClaimKind.FINISHED
+                if job.status.terminal
+                else transitions.ClaimKind.BUSY
+            )
+            return transitions.Claim(kind, job)
+        if chosen == message_job_id:
+            claim = transitions.claim_job(session, chosen, **claim_args)
+        else:
+            claim = transitions.claim_job(session, chosen, permit_id=message_job_id, **claim_args)
+        if claim.kind == transitions.ClaimKind.CLAIMED:
+            return claim
+        if claim.kind == transitions.ClaimKind.EXHAUSTED and claim.job is not None:
+            if chosen == message_job_id:
+                return claim  # the caller dead-letters its own message
+            give_up(session, claim.job)
+        # Another worker took the chosen job first (perhaps on this job's own behalf):
+        # look again, so that this message never goes unused while a job waits.
+    return transitions.claim_job(session, message_job_id, **claim_args)
+
+
+def give_up(session: Session, job: Job) -> None:
+    """The job's attempt cap is reached: it fails, dead-lettered."""
+    message = (
+        f"gave up after {job.attempts} attempts: each ended without an outcome "
+        "(the worker was lost or the job exceeded its hard time limit)"
+    )
+    if transitions.finish_failed(session, job.id, code=ErrorCode.DEAD_LETTERED, message=message):
+        count_failed(job, ErrorCode.DEAD_LETTERED)

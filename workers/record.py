@@ -1,0 +1,178 @@
+"""Recording a job's outcome and its progress in PostgreSQL, riding out a database restart.
+
+Every write here is a conditional UPDATE on a job this worker holds (app/jobs/
+transitions.py): a run that lost its claim (canceled, taken over, reaped) records
+nothing, and its verdict says so. A write the database refuses for its content (a
+`DataError`: a value it cannot store) would fail the same way on every retry and every
+run: the job ends at once, failed with `outcome_refused`, instead of going back through
+lease expiry three times.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError
+from sqlalchemy.orm import Session
+from tenacity import Retrying, retry_if_exception_type, stop_before_delay, wait_exponential
+
+from app.db.models import Job
+from app.jobs import transitions
+from app.jobs.states import ErrorCode
+from app.metrics.instruments import GENERATION_DURATION, JOBS_FINISHED, STEP_DURATION
+from workers.outcome import Outcome, Verdict
+
+if TYPE_CHECKING:
+    from workers.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def record(rt: WorkerRuntime, write: Callable[[Session], T]) -> T:
+    """Write an outcome, riding out a database restart for up to DIFFQ_DB_RETRY seconds.
+
+    The images are already in the store by then; regenerating them because PostgreSQL
+    restarted would waste a GPU run. If the database stays away, the error propagates and
+    the task hands the message back rather than ack an unrecorded outcome.
+    """
+    for attempt in Retrying(
+        retry=retry_if_exception_type(OperationalError),
+        wait=wait_exponential(multiplier=0.5, max=5.0),  # 0.5 s, 1, 2, 4, then 5 s apart
+        stop=stop_before_delay(rt.settings.db_retry_seconds),  # no sleep past the deadline
+        before_sleep=lambda state: log.warning(
+            "database unavailable (%s); retrying in %.1fs",
+            type(state.outcome.exception()).__name__,
+            state.upcoming_sleep,
+        ),
+        reraise=True,
+    ):
+        with attempt, rt.db.session() as session:
+            return write(session)
+    raise AssertionError("not reached: the last attempt returns or raises")
+
+
+def fail(rt: WorkerRuntime, job: Job, code: ErrorCode, message: str) -> Outcome:
+    recorded = record(
+        rt,
+        lambda session: transitions.finish_failed(
+            session, job.id, code=code, message=message, owner=rt.owner
+        ),
+    )
+    if not recorded:
+        # Someone else owns the job now (or it was canceled): their outcome stands.
+        return Outcome(Verdict.DISCARD, f"{code} not recorded: job no longer held")
+    log.warning("job %s failed: %s: %s", job.id, code, message, extra={"job_id": str(job.id)})
+    count_failed(job, code)
+    return Outcome(Verdict.DEAD_LETTER, f"{code}: {message}")
+
+
+def count_failed(job: Job | None, code: ErrorCode) -> None:
+    model = job.model if job is not None else "unknown"
+    JOBS_FINISHED.labels(model, "failed", code.value).inc()
+
+
+def refused(rt: WorkerRuntime, job: Job, exc: DataError) -> Outcome:
+    """The database refused the outcome's content: a retry would be refused alike."""
+    detail = (str(exc.orig).splitlines() or [type(exc.orig).__name__])[0][:200]
+    log.error("job %s: the database refused its outcome: %s", job.id, detail)
+    return fail(rt, job, ErrorCode.OUTCOME_REFUSED, f"the database refused the outcome: {detail}")
+
+
+def succeed(
+    rt: WorkerRuntime,
+    job: Job,
+    uploaded: list[dict[str, Any]],
+    steps: int,
+    outcome: dict[str, Any],
+    timing: tuple[float, float],
+    progress_writes: int,
+) -> Outcome:
+    """Record a job's images (uploaded), its charge, manifest and cache key."""
+    started, generated = timing
+    try:
+        recorded = record(
+            rt,
+            lambda session: transitions.finish_succeeded(
+                session,
+                job.id,
+                owner=rt.owner,
+                result={"images": uploaded, "steps": steps},
+                **outcome,
+            ),
+        )
+    except DataError as exc:
+        return refused(rt, job, exc)
+    elapsed = time.perf_counter() - started
+    if not recorded:
+        log.warning("job %s finished but is no longer held; result not recorded", job.id)
+        return Outcome(Verdict.DISCARD, "finished but no longer held")
+    JOBS_FINISHED.labels(job.model, "succeeded", "").inc()
+    GENERATION_DURATION.labels(job.model, str(steps)).observe(generated - started)
+    STEP_DURATION.labels(job.model).observe((generated - started) / max(1, steps))
+    log.info(
+        "job %s succeeded in %.3fs (generate %.3fs, encode+upload %.3fs, %d progress writes)",
+        job.id,
+        elapsed,
+        generated - started,
+        elapsed - (generated - started),
+        progress_writes,
+        extra={"job_id": str(job.id)},
+    )
+    return Outcome(Verdict.ACK, "succeeded")
+
+
+def stopped(rt: WorkerRuntime, job: Job, step: int) -> Outcome:
+    """The run stopped at a step: handed back for a shutdown, or no longer ours."""
+    extra = {"job_id": str(job.id)}
+    if rt.hand_back_requested.is_set():
+        handed = record(rt, lambda s: transitions.hand_back(s, job.id, owner=rt.owner))
+        if handed:
+            log.warning(
+                "job %s handed back at step %s: worker shutting down", job.id, step, extra=extra
+            )
+            return Outcome(Verdict.REQUEUE, "handed back: worker shutting down")
+    # Canceled, taken over by a redelivery, or reaped: the row already says which.
+    log.info("job %s stopped at step %s: no longer held (canceled?)", job.id, step, extra=extra)
+    return Outcome(Verdict.DISCARD, "stopped: job no longer held")
+
+
+def crashed(rt: WorkerRuntime, job: Job, exc: Exception) -> Outcome:
+    """Called inside the except clause (log.exception shows the traceback)."""
+    if isinstance(exc, ValueError):
+        return fail(rt, job, ErrorCode.INVALID_INPUT, f"the pipeline refused the input: {exc}")
+    if isinstance(exc, DataError):
+        return refused(rt, job, exc)
+    if isinstance(exc, DBAPIError):
+        raise exc  # the task hands the message back: the outcome could not be recorded
+    log.exception("job %s crashed", job.id, extra={"job_id": str(job.id)})
+    return fail(rt, job, ErrorCode.INTERNAL, f"internal error ({type(exc).__name__})")
+
+
+def job_writes(
+    rt: WorkerRuntime, job_id: uuid.UUID
+) -> tuple[Callable[[dict[str, Any]], bool], Callable[[], bool]]:
+    """The progress write and the lease renewal of a job this worker holds; each answers
+    False once the job is no longer held (canceled, taken over, reaped)."""
+
+    def write(progress: dict[str, Any]) -> bool:
+        with rt.db.session() as session:
+            return transitions.record_progress(
+                session,
+                job_id,
+                owner=rt.owner,
+                progress=progress,
+                lease_seconds=rt.settings.lease_seconds,
+            )
+
+    def renew() -> bool:
+        with rt.db.session() as session:
+            return transitions.renew_lease(
+                session, job_id, owner=rt.owner, lease_seconds=rt.settings.lease_seconds
+            )
+
+    return write, renew
