@@ -1,7 +1,9 @@
 """Soak: the fault suite's cheap mix (pool-child kills mid-generation and storms of
 `pg_terminate_backend` on every service connection) under a steady submit rate, until
-the given number of faults; prints the figures and each process tree's memory at start
-and end.
+the given number of faults; prints the figures, and every 10 s samples each service
+process tree's resident memory and open file descriptors, PostgreSQL's client connections
+and RabbitMQ's connections and channels: a table of their medians after warm-up, and a
+failure if memory or descriptors moved over 10 %.
 
     .venv/bin/python -m bench.soak --faults 2000 [--submit-period 0.5]
 

@@ -85,7 +85,10 @@ def batch_submit(
         except KeyboardInterrupt:
             sys.stderr.write("\n")
             if click.confirm(f"Cancel batch {handle.id}?", default=False, err=True):
-                found = handle.cancel()
+                # On a client of its own: the interrupt may have landed mid-request, inside
+                # the connection pool's lock, which the old client would wait on forever.
+                with _library(url, key) as fresh:
+                    found = fresh.batches.cancel(handle.id)
                 print(_summary(found), file=sys.stderr)
             else:
                 print(f"batch {handle.id} goes on: diffq batch get {handle.id}", file=sys.stderr)

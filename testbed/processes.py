@@ -127,19 +127,24 @@ class ApiServer(ManagedProcess):
         name: str = "api",
         workers: int = 1,
         threads: int = 8,
+        host: str = "127.0.0.1",
+        prefix: list[str] | None = None,
     ) -> None:
+        """`prefix`, `host`: run it through a wrapper (`ip netns exec NS`) and listen on the
+        namespace's address, which the host reaches over the link."""
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         # /metrics is served on its own port, never on the public one (app/web/edge.py).
         self.metrics_port = free_port()
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         args = [
+            *(prefix or []),
             sys.executable,
             "-m",
             "cli",
             "api",
             "--bind",
-            f"127.0.0.1:{self.port}",
+            f"{host}:{self.port}",
             "--workers",
             str(workers),
             "--threads",

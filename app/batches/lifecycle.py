@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
+from app.db import clock
 from app.db.models import Batch, BatchFile, Job, WebhookAttempt, WebhookEvent
 from app.db.types import utcnow
 from app.ids import uuid7
@@ -188,7 +189,7 @@ def finish(session: Session, batch: Batch) -> bool:
                 batch_id=batch.id,
                 type=EVENTS[final],
                 created_at=now,
-                next_attempt_at=now,
+                next_attempt_at=clock.now(session),
                 state="pending",
                 attempts=0,
             )

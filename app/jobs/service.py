@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from app.db import clock
 from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs.states import JobStatus, Priority
@@ -150,7 +151,7 @@ def lease_expired_jobs(session: Session, *, limit: int = 100) -> list[Job]:
     """Running jobs whose worker stopped renewing its claim."""
     query = (
         select(Job)
-        .where(Job.status == JobStatus.RUNNING, Job.lease_expires_at < utcnow())
+        .where(Job.status == JobStatus.RUNNING, Job.lease_expires_at < clock.now(session))
         .order_by(Job.lease_expires_at)
         .limit(limit)
     )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -16,6 +15,7 @@ from sqlalchemy import ColumnElement, func, select, text, update
 from sqlalchemy.orm import Session
 
 from app import usage
+from app.db import clock
 from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs import changes
@@ -119,7 +119,7 @@ def claim_job(
         attempts=Job.attempts + 1,
         started_at=func.coalesce(Job.started_at, now),
         lease_owner=owner,
-        lease_expires_at=now + timedelta(seconds=lease_seconds),
+        lease_expires_at=clock.after(session, lease_seconds),
         progress=progress_of("loading", 0, job.request.denoise_steps),
         permit_id=permit_id,
     )
@@ -157,7 +157,7 @@ def record_progress(
         Job.status == JobStatus.RUNNING,
         Job.lease_owner == owner,
         progress=progress,
-        lease_expires_at=utcnow() + timedelta(seconds=lease_seconds),
+        lease_expires_at=clock.after(session, lease_seconds),
     )
 
 
@@ -293,7 +293,7 @@ def renew_lease(session: Session, job_id: uuid.UUID, *, owner: str, lease_second
     result = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.lease_owner == owner)
-        .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds))
+        .values(lease_expires_at=clock.after(session, lease_seconds))
     )
     return result.rowcount == 1
 
@@ -326,7 +326,7 @@ def reap(session: Session, job: Job, *, max_attempts: int) -> ReapOutcome:
     expired = [
         Job.status == JobStatus.RUNNING,
         Job.lease_owner == job.lease_owner,
-        Job.lease_expires_at < utcnow(),
+        Job.lease_expires_at < clock.now(session),
     ]
     if job.attempts >= max_attempts:
         failed = change(
@@ -362,7 +362,7 @@ def requeue_by_operator(session: Session, job_id: uuid.UUID, *, stuck_running: b
     if stuck_running:
         allowed = [
             Job.status.in_([JobStatus.FAILED, JobStatus.QUEUED])
-            | ((Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < utcnow()))
+            | ((Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < clock.now(session)))
         ]
     return change(
         session,

@@ -17,12 +17,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import urllib3
 from sqlalchemy import update
 
+from app.db import clock
 from app.db.models import Batch, Job, Tenant, WebhookAttempt, WebhookEvent, new_webhook_secret
 from app.db.session import Database
 from app.db.types import utcnow
@@ -222,7 +223,7 @@ def _record(db, config, event_id, job_id, started_at, latency_ms, response: Resp
             if delay is None:
                 event.state = "failed"
             else:
-                event.next_attempt_at = utcnow() + timedelta(seconds=delay)
+                event.next_attempt_at = clock.after(session, delay)
         state = event.state
     outcome = {"pending": "retry"}.get(state, state)
     if response.refused:

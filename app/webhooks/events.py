@@ -12,8 +12,8 @@ from datetime import timedelta
 from sqlalchemy import exists, insert, select, update
 from sqlalchemy.orm import Session
 
+from app.db import clock
 from app.db.models import WebhookEvent
-from app.db.types import utcnow
 from app.ids import uuid7
 from app.jobs.changes import JobChange, on_change
 
@@ -51,7 +51,9 @@ def record(
 ) -> None:
     """Called by every job change of a job that has a webhook."""
     wanted = selected(webhook_events)
-    now = utcnow()
+    # The database's clock: the deliverer compares these with it, whatever the clock of
+    # the worker recording the change says (app/db/clock.py).
+    now = clock.now(session)
     event = STATUS_EVENTS.get(status or "")
     if event in wanted and not stopped(session, job_id):
         session.execute(
@@ -102,7 +104,7 @@ def record_change(session: Session, change: JobChange) -> None:
 def due(session: Session, *, lease_seconds: float, limit: int = 200) -> list[uuid.UUID]:
     """Claim pending events whose time has come for a delivery worker (for
     `lease_seconds`; past that, an unfinished hand-out is handed out again)."""
-    now = utcnow()
+    now = clock.now(session)
     query = (
         select(WebhookEvent.id)
         .where(

@@ -14,7 +14,6 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -23,6 +22,7 @@ from testbed import netns
 from testbed.processes import ManagedProcess, start_worker
 from tests.faults.harness import Figures, Scenario, SteadyLoad
 from tests.faults.killing import child_pid
+from tests.faults.linked import linked_env
 
 pytestmark = [pytest.mark.faults, pytest.mark.services]
 
@@ -72,33 +72,10 @@ class Remote:
         return pid is not None and self.ns.holds(pid)
 
 
-def _through(url: str, host: str, port: int) -> str:
-    parts = urlsplit(url)
-    userinfo = parts.netloc.rpartition("@")[0]
-    netloc = f"{userinfo}@{host}:{port}" if userinfo else f"{host}:{port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
 def open_remote(stack) -> Remote:
     ns = netns.NetNS().create()
     try:
-        s3_port = urlsplit(stack.s3.endpoint).port
-        ports = {
-            "broker": ns.forward(stack.rabbit.port),
-            "postgres": ns.forward(stack.pg.port),
-            "s3": ns.forward(s3_port),
-        }
-        env = {
-            **stack.env,
-            "DIFFQ_BROKER_URL": _through(
-                stack.env["DIFFQ_BROKER_URL"], ns.host_address, ports["broker"]
-            ),
-            "DIFFQ_DATABASE_URL": _through(
-                stack.env["DIFFQ_DATABASE_URL"], ns.host_address, ports["postgres"]
-            ),
-            "DIFFQ_S3_ENDPOINT_URL": f"http://{ns.host_address}:{ports['s3']}",
-            "DIFFQ_CELERY_CONFIG": "tests.faults.partition_celeryconfig",
-        }
+        env, ports = linked_env(stack, ns)
         remote = Remote(stack, ns, env, ports)
         remote.start_worker()
     except BaseException:

@@ -135,3 +135,31 @@ def test_a_webhook_event_commits_with_its_change_or_not_at_all(db):
     with db.session() as session:
         transitions.finish_failed(session, job_id, code=ErrorCode.INTERNAL, message="x", owner="w1")
     assert sorted(events()) == ["job.failed", "job.running"]
+
+
+@pytest.mark.parametrize("skew_hours", [-1, 1])
+def test_leases_follow_the_database_clock_not_the_workers(db, job_id, monkeypatch, skew_hours):
+    """A worker whose wall clock is an hour off writes its lease on PostgreSQL's clock:
+    the reaper neither takes a live run (clock behind) nor waits an hour (clock ahead)."""
+    from datetime import timedelta
+
+    from sqlalchemy import text
+
+    from app.db import types
+    from app.db.models import Job
+
+    skewed = lambda: types.datetime.now(types.UTC) + timedelta(hours=skew_hours)  # noqa: E731
+    monkeypatch.setattr(transitions, "utcnow", skewed)
+    monkeypatch.setattr(service, "utcnow", skewed)
+    claim(db, job_id, owner="w1")
+    with db.session() as session:
+        assert transitions.record_progress(
+            session, job_id, owner="w1", progress={"stage": "denoising"}, lease_seconds=30
+        )
+        assert transitions.renew_lease(session, job_id, owner="w1", lease_seconds=30)
+    with db.session() as session:
+        db_now = session.scalar(text("SELECT statement_timestamp()"))
+        job = session.get(Job, job_id)
+        assert abs((job.lease_expires_at - db_now).total_seconds() - 30) < 5
+        # Not expired on the database's clock, whatever the worker's said.
+        assert job_id not in {j.id for j in service.lease_expired_jobs(session)}

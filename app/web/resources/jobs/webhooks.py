@@ -10,8 +10,8 @@ from flask_smorest import abort
 from marshmallow import fields
 from sqlalchemy import select, update
 
+from app.db import clock
 from app.db.models import WebhookAttempt, WebhookEvent
-from app.db.types import utcnow
 from app.jobs import service
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
@@ -160,7 +160,12 @@ class JobWebhookRedeliver(MethodView):
         session.execute(
             update(WebhookEvent)
             .where(WebhookEvent.id == event.id)
-            .values(state="pending", attempts=0, next_attempt_at=utcnow(), dispatched_until=None)
+            .values(
+                state="pending",
+                attempts=0,
+                next_attempt_at=clock.now(session),
+                dispatched_until=None,
+            )
         )
         session.commit()
         session.refresh(event)
