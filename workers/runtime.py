@@ -22,6 +22,7 @@ from workers.devices import configure_cpu_threads, select_device
 from workers.models import ModelCache
 from workers.pipelines import LoadedModel, load_model, model_identity, warm_up
 from workers.postprocess import PostProcessor
+from workers.record import record
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +190,14 @@ def build_runtime(parent: Services, queues: list[str]) -> WorkerRuntime:
             PostProcessor(settings.postprocess_depth) if settings.postprocess_depth > 0 else None
         ),
     )
-    with runtime.db.session() as session:
+
+    def record_digests(session) -> None:
         for name, digest in digests.items():
             record_model_digest(session, name, digest)
+
+    # A connection cut now (a database restart, a terminated backend) is not a model that
+    # cannot load: ride it out as an outcome's write does, or the worker stops for good.
+    record(runtime, record_digests)
     _count_from_zero(list(served))
     if runtime.db.engine.dialect.name == "postgresql":
         # Cancels reach a running job within one step; elsewhere, at the next progress write.

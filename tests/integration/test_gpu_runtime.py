@@ -209,3 +209,39 @@ def test_an_outcome_the_database_refuses_ends_the_job_at_once(runtime, db, monke
         job = session.get(Job, job_id)
         assert job.status == JobStatus.SUCCEEDED, (job.error_code, job.error_message)
         assert job.manifest["floor"] == "-Infinity"
+
+
+def test_a_connection_cut_while_recording_the_model_digest_is_ridden_out(stack, monkeypatch):
+    """A pool process starting while PostgreSQL drops its connection (a restart, a storm
+    of terminated backends) waits for it, as an outcome's write does: a model that loaded
+    is not a model that cannot load, which would stop the worker for good."""
+    from sqlalchemy import select
+    from sqlalchemy.exc import OperationalError
+
+    from app.config import load_settings
+    from app.db.models import ModelDigest
+    from app.services import Services
+    from workers import runtime as runtime_module
+
+    calls = []
+    original = runtime_module.record_model_digest
+
+    def cut_once(session, name, digest):
+        calls.append(name)
+        if len(calls) == 1:
+            raise OperationalError("INSERT INTO model_digests", {}, Exception("server closed"))
+        return original(session, name, digest)
+
+    monkeypatch.setattr(runtime_module, "record_model_digest", cut_once)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rt = runtime_module.build_runtime(Services(load_settings()), ["gpu.tiny"])
+    finally:
+        torch.set_num_threads(threads)
+    try:
+        assert len(calls) >= 2 and calls[0] == calls[1]  # the write ran again
+        with rt.db.session() as session:
+            assert session.scalar(select(ModelDigest.digest).where(ModelDigest.model == "tiny"))
+    finally:
+        rt.db.dispose()
