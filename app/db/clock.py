@@ -1,4 +1,6 @@
-"""The one clock that leases are written and compared on: the database's.
+"""The one clock that times compared across machines are written and read on: the
+database's. Leases (below), and webhook events' due times, which the recording worker
+writes and the delivery worker compares.
 
 A lease is written by a worker and read by the relay's reaper and the operators' requeue,
 on other machines. A worker's own clock may be off or jump (an NTP step, a VM resumed
@@ -31,5 +33,5 @@ def now(session: Session) -> ColumnElement[datetime] | datetime:
 
 
 def after(session: Session, seconds: float) -> ColumnElement[datetime] | datetime:
-    """`seconds` from now on the database's clock: a lease's deadline."""
+    """`seconds` from now on the database's clock: a lease's deadline, a retry's due time."""
     return now(session) + timedelta(seconds=seconds)
