@@ -85,8 +85,8 @@ def batch_submit(
         except KeyboardInterrupt:
             sys.stderr.write("\n")
             if click.confirm(f"Cancel batch {handle.id}?", default=False, err=True):
-                # On a client of its own: the interrupt may have landed mid-request, inside
-                # the connection pool's lock, which the old client would wait on forever.
+                # On a client of its own: the interrupt may have landed mid-request, and
+                # the cancel must not depend on the state the old client was left in.
                 with _library(url, key) as fresh:
                     found = fresh.batches.cancel(handle.id)
                 print(_summary(found), file=sys.stderr)

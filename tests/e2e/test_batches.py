@@ -217,7 +217,17 @@ def test_diffq_batch_submit_wait_draws_progress_and_writes_results(
 def test_ctrl_c_cancels_the_batch_after_asking(api_server, tenant_key, tmp_path):
     prompts = tmp_path / "waiting.jsonl"
     prompts.write_text("".join(json.dumps(line) + "\n" for line in _lines(4, "w", model="tiny-b")))
-    run = _diffq(api_server, tenant_key, "batch", "submit", str(prompts), "--wait")
+    # Ctrl-C's default disposition, as a terminal gives it: a shell that started this run in
+    # the background (`cmd &`) passes SIGINT on ignored, and Python then installs no handler.
+    run = _diffq(
+        api_server,
+        tenant_key,
+        "batch",
+        "submit",
+        str(prompts),
+        "--wait",
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 60
     with Client(api_server.url, tenant_key) as diffq:
         while not diffq.batches.list(limit=1)["data"]:
