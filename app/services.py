@@ -69,11 +69,16 @@ class Services:
     def catalog(self) -> Catalog:
         return load_catalog(self.settings)
 
+    # How long the database lets this process hold a transaction without a statement
+    # (None: no limit). A root whose process may freeze mid-transaction sets it.
+    idle_transaction_seconds: float | None = None
+
     @resource
     def db(self) -> Database:
-        if self._db_pool_size is None:
-            return Database(self.settings.database_url)
-        return Database(self.settings.database_url, pool_size=self._db_pool_size)
+        options = {"idle_transaction_seconds": self.idle_transaction_seconds}
+        if self._db_pool_size is not None:
+            options["pool_size"] = self._db_pool_size
+        return Database(self.settings.database_url, **options)
 
     @resource
     def storage(self) -> Storage:

@@ -59,6 +59,14 @@ class WorkerRuntime(Services):
         for model in models.values():
             model.adapters.capacity = max(1, settings.adapter_slots)
 
+    @property
+    def idle_transaction_seconds(self) -> float:
+        """A pool process frozen mid-transaction (a hung device call, a stopped VM) must
+        not keep its job's row locked: the reaper could not take the job back when its
+        lease expires. Its transactions are single statements and a commit, so half a
+        lease (at most 30 s) is far above any it holds."""
+        return min(30.0, max(2.0, self.settings.lease_seconds / 2))
+
     def warmth(self) -> Warmth | None:
         """What this worker holds warm, for the fair choice (docs/fair-share.md)."""
         if self.settings.warm_max_skips <= 0:

@@ -80,7 +80,13 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def make_engine(url: str, *, pool_size: int = 5) -> Engine:
+def make_engine(
+    url: str, *, pool_size: int = 5, idle_transaction_seconds: float | None = None
+) -> Engine:
+    """`idle_transaction_seconds` (PostgreSQL): the server ends a session of this engine
+    that holds a transaction open without sending a statement for that long, releasing
+    its locks (a process frozen between an UPDATE and its COMMIT would hold the row
+    until it died)."""
     if url.startswith("sqlite"):
         engine = create_engine(
             url,
@@ -89,14 +95,17 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
+    # Fail fast when the server is away, and never let one statement hang a worker.
+    options = "-c statement_timeout=15000"
+    if idle_transaction_seconds:
+        options += f" -c idle_in_transaction_session_timeout={int(idle_transaction_seconds * 1000)}"
     engine = create_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_recycle=1800,
         json_serializer=portable_json,
-        # Fail fast when the server is away, and never let one statement hang a worker.
-        connect_args={"connect_timeout": 5, "options": "-c statement_timeout=15000"},
+        connect_args={"connect_timeout": 5, "options": options},
     )
     dialect = engine.dialect
     event.listen(engine, "connect", _checked_in)  # just made: alive
@@ -166,9 +175,13 @@ def _connection_of(session: Session) -> Connection:
 class Database:
     """An engine and its session factory; `session()` commits on success, rolls back on error."""
 
-    def __init__(self, url: str, *, pool_size: int = 5) -> None:
+    def __init__(
+        self, url: str, *, pool_size: int = 5, idle_transaction_seconds: float | None = None
+    ) -> None:
         self.url = url
-        self.engine = make_engine(url, pool_size=pool_size)
+        self.engine = make_engine(
+            url, pool_size=pool_size, idle_transaction_seconds=idle_transaction_seconds
+        )
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextmanager

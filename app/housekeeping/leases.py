@@ -4,23 +4,42 @@ from __future__ import annotations
 
 import logging
 
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+
 from app.db.session import Database
 from app.jobs import service, transitions
 
 log = logging.getLogger(__name__)
 
+# PostgreSQL's lock_not_available: the reap waited `lock_timeout` for the job's row.
+LOCK_NOT_AVAILABLE = "55P03"
+
 
 def reap_lost_jobs(db: Database, *, max_attempts: int) -> int:
     """Running jobs whose lease expired are requeued (published by the next outbox pass)
-    or failed past the attempt cap, so that nothing stays `running` forever."""
+    or failed past the attempt cap, so that nothing stays `running` forever.
+
+    A row locked by another session (its worker frozen mid-transaction: the database
+    ends that session after the worker's idle-transaction limit) is passed over after a
+    second and tried again at the next pass: one such row never stalls the relay's pass,
+    nor the other jobs' reaping."""
     with db.session() as session:
         jobs = service.lease_expired_jobs(session)
         for job in jobs:
             session.expunge(job)
     reaped = 0
     for job in jobs:
-        with db.session() as session:
-            outcome = transitions.reap(session, job, max_attempts=max_attempts)
+        try:
+            with db.session() as session:
+                if session.get_bind().dialect.name == "postgresql":
+                    session.execute(text("SET LOCAL lock_timeout = '1s'"))
+                outcome = transitions.reap(session, job, max_attempts=max_attempts)
+        except OperationalError as exc:
+            if getattr(exc.orig, "pgcode", None) != LOCK_NOT_AVAILABLE:
+                raise
+            log.info("job %s: lease expired, row still locked; next pass", job.id)
+            continue
         if outcome != transitions.ReapOutcome.SKIPPED:
             reaped += 1
             log.warning(

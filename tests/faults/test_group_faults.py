@@ -23,7 +23,10 @@ pytestmark = [pytest.mark.faults, pytest.mark.services]
 
 LINES = 40
 KILLS = 4
-STEPS = 40  # long enough that a job is caught mid-denoising on a fast or a busy machine
+STEPS = 40
+# The first lines run longer, so that KILLS of them are caught mid-denoising on a fast or
+# a busy machine before the batch ends (short jobs alone left the loop one kill short).
+LONG_STEPS, LONG_LINES = 200, 2 * KILLS
 
 
 def _rows(stack, batch_id: uuid.UUID) -> dict[str, object]:
@@ -50,7 +53,12 @@ def test_f19_a_batch_through_worker_kills_and_a_broker_restart(fault_stack):
     key = stack.new_key()
     fig = Figures("F19 batch: kill -9 x4 + broker restart")
     lines = [
-        {"custom_id": f"f19-{i}", "prompt": f"f19 {i}", "steps": STEPS, "seed": i}
+        {
+            "custom_id": f"f19-{i}",
+            "prompt": f"f19 {i}",
+            "steps": LONG_STEPS if i < LONG_LINES else STEPS,
+            "seed": i,
+        }
         for i in range(LINES)
     ]
     answer = requests.post(

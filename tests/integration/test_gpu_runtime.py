@@ -245,3 +245,46 @@ def test_a_connection_cut_while_recording_the_model_digest_is_ridden_out(stack, 
             assert session.scalar(select(ModelDigest.digest).where(ModelDigest.model == "tiny"))
     finally:
         rt.db.dispose()
+
+
+def test_a_pool_process_frozen_mid_transaction_loses_its_session_not_its_jobs_row(runtime):
+    """The database ends a worker session that holds a transaction without sending a
+    statement for half a lease (at most 30 s), so a pool process frozen between an
+    UPDATE and its COMMIT releases the job's row for the reaper. The API's and the
+    relay's sessions have no such limit."""
+    import time
+
+    from sqlalchemy import text
+    from sqlalchemy.exc import OperationalError
+
+    from app.config import load_settings
+    from app.services import Services
+
+    limit = runtime.idle_transaction_seconds
+    assert limit == min(30.0, max(2.0, runtime.settings.lease_seconds / 2))
+    with runtime.db.sessions() as session:
+        shown = session.scalar(text("SHOW idle_in_transaction_session_timeout"))
+        assert shown in (f"{int(limit)}s", f"{int(limit * 1000)}ms"), shown
+    api_db = Services(load_settings()).db
+    try:
+        with api_db.sessions() as session:
+            assert session.scalar(text("SHOW idle_in_transaction_session_timeout")) == "0"
+    finally:
+        api_db.dispose()
+    # The server ends such a session (a limit of 2 s here, not the runtime's 30).
+    from app.db.session import Database
+
+    short = Database(runtime.settings.database_url, idle_transaction_seconds=2)
+    session = short.sessions()
+    try:
+        session.execute(text("SELECT 1"))  # a transaction is open
+        time.sleep(3.5)
+        with pytest.raises(OperationalError):
+            session.execute(text("SELECT 1"))
+    finally:
+        session.close()
+    try:
+        with short.session() as session:  # the pool replaces the ended connection
+            assert session.scalar(text("SELECT 1")) == 1
+    finally:
+        short.dispose()

@@ -163,3 +163,53 @@ def test_leases_follow_the_database_clock_not_the_workers(db, job_id, monkeypatc
         assert abs((job.lease_expires_at - db_now).total_seconds() - 30) < 5
         # Not expired on the database's clock, whatever the worker's said.
         assert job_id not in {j.id for j in service.lease_expired_jobs(session)}
+
+
+def test_a_row_locked_by_a_frozen_worker_does_not_stall_the_reaper(db, job_id):
+    """A worker frozen between a job's UPDATE and its COMMIT holds the row. The reaper
+    passes over it within about a second (it used to wait for its statement timeout,
+    15 s, on every pass, stalling the relay), reaps every other lost job, and takes the
+    locked one at the first pass after the lock is gone."""
+    import time
+
+    from sqlalchemy import text, update
+
+    from app.db.models import Job
+    from app.housekeeping.leases import reap_lost_jobs
+    from app.keys import get_or_create_tenant
+
+    with db.session() as session:
+        tenant = get_or_create_tenant(session, f"reap-{job_id}")
+        other = service.create_job(
+            session,
+            tenant.id,
+            model="tiny",
+            queue="gpu.tiny",
+            priority=Priority.NORMAL,
+            request=job_request(model="tiny", prompt="q", steps=4, seed=2),
+            metadata=None,
+        ).id
+    for jid, owner in ((job_id, "frozen"), (other, "gone")):
+        assert claim(db, jid, owner=owner).kind == ClaimKind.CLAIMED
+    with db.session() as session:
+        expire = text("statement_timestamp() - interval '1 second'")
+        session.execute(
+            update(Job).where(Job.id.in_([job_id, other])).values(lease_expires_at=expire)
+        )
+    frozen = db.sessions()
+    frozen.execute(update(Job).where(Job.id == job_id).values(progress={"stage": "denoising"}))
+    try:
+        started = time.monotonic()
+        assert reap_lost_jobs(db, max_attempts=3) == 1
+        took = time.monotonic() - started
+        with db.session() as session:
+            assert session.get(Job, other).status == JobStatus.QUEUED
+            assert session.get(Job, job_id).status == JobStatus.RUNNING
+        print(f"\nreaper pass with one locked row: {took:.2f} s")
+        assert took < 5, took
+    finally:
+        frozen.rollback()
+        frozen.close()
+    assert reap_lost_jobs(db, max_attempts=3) == 1
+    with db.session() as session:
+        assert session.get(Job, job_id).status == JobStatus.QUEUED
