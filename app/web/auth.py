@@ -8,25 +8,25 @@ from typing import NoReturn
 from flask import g, request
 from flask_smorest import abort
 
-from app.keys import admit, key_id_of
+from app.keys import admit
 from app.web.services import request_session, services
 
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="diffq"'}
 
 
 def _refuse(message: str, names: tuple[str | None, ...]) -> NoReturn:
-    """401, counted against the client's address and the key id it named."""
+    """401, counted against the client's address."""
     services().auth_failures.failed(*names)
     abort(401, message=message, headers=CHALLENGE)
 
 
 def throttled(names: tuple[str | None, ...]) -> None:
-    """429 before anything else when this address or key id failed too often."""
+    """429 before anything else when this address failed too often."""
     retry_after = services().auth_failures.retry_after(*names)
     if retry_after is not None:
         abort(
             429,
-            message="Too many failed authentications from this address or for this key; "
+            message="Too many failed authentications from this address; "
             f"at most {services().settings.auth_failures} a minute.",
             errors={"headers": {"Authorization": ["Too many failed attempts."]}},
             headers={"Retry-After": str(retry_after)},
@@ -34,9 +34,12 @@ def throttled(names: tuple[str | None, ...]) -> None:
 
 
 def client_names(presented: str | None) -> tuple[str | None, ...]:
-    """What failures are counted against: the client's address and the key's id."""
-    key_id = key_id_of(presented) if presented else None
-    return (f"addr:{request.remote_addr}", f"key:{key_id}" if key_id else None)
+    """What failures are counted against: the client's address only. Not the key id the
+    request names: a key id is no secret (it is in logs and listings), so a counter per
+    key id would let anyone lock its owner out by failing on it; and guessing a key's
+    256-bit secret is hopeless at any rate, so such a counter would protect nothing."""
+    del presented  # the key it names does not change what the failure counts against
+    return (f"addr:{request.remote_addr}",)
 
 
 def presented_key() -> str | None:
@@ -49,7 +52,7 @@ def presented_key() -> str | None:
 
 def require_api_key() -> None:
     """A blueprint before_request hook: sets g.tenant_id or answers 401 (429 for an
-    address or key id past DIFFQ_AUTH_FAILURES failures a minute, before the database)."""
+    address past DIFFQ_AUTH_FAILURES failures a minute, before the database)."""
     presented = presented_key()
     names = client_names(presented)
     throttled(names)

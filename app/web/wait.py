@@ -3,8 +3,11 @@ OpenAI-compatible endpoint.
 
 A waiting request holds one gunicorn thread and no database connection: it sleeps on
 the process's JobWatcher (woken by PostgreSQL NOTIFY) and re-reads the job only when it
-changed. At most DIFFQ_WAIT_SLOTS requests wait at once per process; past that a request
-is answered at once as if it had not asked to wait, so waits never take every thread.
+changed. A wait holds a thread as an event stream does, so it takes a slot of the same
+caps (app/web/streams.py): DIFFQ_MAX_TENANT_STREAMS per tenant and DIFFQ_MAX_STREAMS per
+process, for streams and waits together; and at most DIFFQ_WAIT_SLOTS requests wait at
+once per process. Past any of them there is no wait (`NoWaitSlot`): one tenant's waits
+never take every thread, nor another tenant's turn.
 """
 
 from __future__ import annotations
@@ -25,6 +28,14 @@ _slots_lock = threading.Lock()
 _slots_held = 0
 
 _PREFERENCE = re.compile(r"\s*([^=\s]+)\s*(?:=\s*(.*?))?\s*$")
+
+
+class NoWaitSlot(Exception):
+    """No wait took place: the tenant's held requests, or the process's, are at a cap."""
+
+    def __init__(self, cap: str, limit: int) -> None:
+        super().__init__(cap)
+        self.cap, self.limit = cap, limit
 
 
 class BadPreference(ValueError):
@@ -80,12 +91,27 @@ def wait_for_job(
 ) -> Job | None:
     """The job as it is once it finished, or as it is when `seconds` have passed: a wait
     that runs out answers with the job's state then, not the one it was submitted in.
-    None when no wait took place (`seconds` <= 0, or no slot free) or the job is gone.
+    None when `seconds` <= 0 or the job is gone; NoWaitSlot when a cap leaves no slot.
 
     The caller must not hold a database session open while this runs.
     """
-    if seconds <= 0 or not _take_slot(svc.settings.wait_slots):
+    if seconds <= 0:
         return None
+    refused = svc.streams.take(tenant_id)
+    if refused is not None:
+        limit = svc.streams.per_tenant if refused == "tenant" else svc.streams.per_process
+        raise NoWaitSlot(refused, limit)
+    if not _take_slot(svc.settings.wait_slots):
+        svc.streams.give_back(tenant_id)
+        raise NoWaitSlot("waits", svc.settings.wait_slots)
+    try:
+        return _wait(svc, tenant_id, job_id, seconds)
+    finally:
+        _give_slot()
+        svc.streams.give_back(tenant_id)
+
+
+def _wait(svc: ApiRoot, tenant_id: uuid.UUID, job_id: uuid.UUID, seconds: float) -> Job | None:
     subscription = svc.watcher.subscribe(job_id)
     try:
         deadline = time.monotonic() + seconds
@@ -100,13 +126,12 @@ def wait_for_job(
             subscription.wait(left)
     finally:
         subscription.close()
-        _give_slot()
 
 
 def wait_for_finish(
     svc: ApiRoot, tenant_id: uuid.UUID, job_id: uuid.UUID, seconds: float
 ) -> Job | None:
-    """The job once terminal, or None if it is not within `seconds` (or no slot was free).
+    """The job once terminal, or None if it is not within `seconds` (NoWaitSlot: no wait).
 
     The caller must not hold a database session open while this runs.
     """

@@ -105,6 +105,63 @@ def test_a_tenant_at_its_stream_cap_leaves_other_tenants_untouched(guarded_serve
             response.close()
 
 
+def test_a_tenants_waits_count_against_its_cap_as_streams_do(guarded_server, db):
+    """`Prefer: wait` and the OpenAI endpoint hold a thread as a stream does, so they take
+    a slot of the same per-tenant cap: at its cap, a tenant's wait is answered at once
+    (the submit's 202) and the OpenAI endpoint says 429 naming the accepted job, while
+    another tenant still waits."""
+    import time
+
+    server = guarded_server
+    greedy, other = new_key(db, "waiter"), new_key(db, "patient")
+    held: list = []
+    try:
+        job = _queued(server, greedy)
+        # Each opened once earlier tests' streams are gone (the process cap is small).
+        while len(held) < TENANT_STREAMS:
+            held.append(
+                wait_until(
+                    lambda: (r := _sse(server, greedy, job["id"])).status_code == 200 and r,
+                    timeout=15,
+                    interval=0.3,
+                )
+            )
+        body = {"prompt": "w", "model": "tiny-b", "steps": 2}
+        started = time.monotonic()
+        waited = requests.post(
+            f"{server.url}/v1/jobs",
+            json=body,
+            headers={**auth(greedy), "Prefer": "wait=20"},
+            timeout=30,
+        )
+        assert waited.status_code == 202, waited.text
+        assert "Preference-Applied" not in waited.headers
+        assert time.monotonic() - started < 5  # not held: answered at once
+        openai = requests.post(
+            f"{server.url}/v1/images/generations",
+            json={"prompt": "w", "model": "tiny-b"},
+            headers=auth(greedy),
+            timeout=30,
+        )
+        assert openai.status_code == 429, openai.text
+        assert openai.json()["error"]["code"] == "rate_limit_exceeded"
+        assert openai.headers["x-should-retry"] == "false"
+        accepted = openai.headers["diffq-job-id"]
+        assert accepted in openai.json()["error"]["message"]
+        # Another tenant's wait is held as asked.
+        started = time.monotonic()
+        patient = requests.post(
+            f"{server.url}/v1/jobs",
+            json=body,
+            headers={**auth(other), "Prefer": "wait=2"},
+            timeout=30,
+        )
+        assert patient.status_code == 202 and time.monotonic() - started >= 1.9
+    finally:
+        for response in held:
+            response.close()
+
+
 def test_a_ticket_opens_one_socket_for_its_tenant_from_an_allowed_origin(guarded_server, db):
     server = guarded_server
     owner, stranger = new_key(db, "tickets"), new_key(db, "stranger")

@@ -25,7 +25,7 @@ from app.uploads import InputRefused
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
 from app.web.errors import as_http_error
-from app.web.inputs import store_png
+from app.web.inputs import checked_png
 from app.web.resources.jobs.schemas import JobCreateSchema
 from app.web.resources.jobs.submit import submit
 from app.web.resources.openai.schemas import (
@@ -35,7 +35,7 @@ from app.web.resources.openai.schemas import (
     ImagesResponseSchema,
 )
 from app.web.services import close_request_session, services
-from app.web.wait import wait_for_finish
+from app.web.wait import NoWaitSlot, wait_for_finish
 
 blp = Blueprint(
     "openai_images",
@@ -196,7 +196,17 @@ def _answered(request_data: dict[str, Any], response_format: str):
     tenant_id, job_id = current_tenant(), job.id
     if not job.status.terminal:
         close_request_session()
-        job = wait_for_finish(svc, tenant_id, job_id, svc.settings.max_wait)
+        try:
+            job = wait_for_finish(svc, tenant_id, job_id, svc.settings.max_wait)
+        except NoWaitSlot as refused:
+            raise OpenAIError(
+                429,
+                f"Too many requests held open ({refused.cap} cap: {refused.limit}); job "
+                f"{job_id} was accepted and runs: GET /v1/jobs/{job_id}, or retry later.",
+                code="rate_limit_exceeded",
+                # The job exists: a client's automatic retry would make a second one.
+                headers={"diffq-job-id": str(job_id), "x-should-retry": "false"},
+            ) from None
     headers = {"diffq-job-id": str(job_id)}
     if job is None:
         raise OpenAIError(
@@ -308,14 +318,15 @@ class Edits(MethodView):
         """
         body = _edit_form()
         image, mask = _edit_inputs(request.files)
+        # Checked here, stored only once the job is accepted (app/web/inputs.py).
         if mask is None and image.mode != "RGBA":
-            fields = {"kind": "img2img", "image": str(store_png(image, field="image").id)}
+            fields = {"kind": "img2img", "image": checked_png(image, field="image")}
         else:
             mask = mask if mask is not None else _transparent(image)
             fields = {
                 "kind": "inpaint",
-                "image": str(store_png(image.convert("RGB"), field="image").id),
-                "mask": str(store_png(mask, field="mask").id),
+                "image": checked_png(image.convert("RGB"), field="image"),
+                "mask": checked_png(mask, field="mask"),
             }
         return _answered(_job_request(body, **fields), body["response_format"])
 
