@@ -24,7 +24,16 @@ class InputRef:
 def image_field(kinds: str, description: str):
     import marshmallow as ma
 
-    return ma.fields.String(
+    class InputField(ma.fields.String):
+        """An upload's id or a `data:` URI; an image the API checked itself (an OpenAI
+        edit's part: not a string, never from a JSON body) passes as it is."""
+
+        def _deserialize(self, value, attr, data, **kwargs):
+            if hasattr(value, "png") and hasattr(value, "sha256"):
+                return value
+            return super()._deserialize(value, attr, data, **kwargs)
+
+    return InputField(
         load_default=None,
         metadata={
             "description": f"{description} An upload's id (`POST /v1/uploads`) or a `data:` "

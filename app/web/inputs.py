@@ -5,23 +5,37 @@ from __future__ import annotations
 
 import io
 import uuid
+from dataclasses import dataclass
 
 from app import adapters, uploads
 from app.kinds.base import Lora
-from app.uploads import InputRef, InputRefused
+from app.kinds.images import InputRef
+from app.uploads import InputRefused
 from app.web.auth import current_tenant
 from app.web.services import request_session, services
 
 
-def resolve(value: str, *, field: str) -> InputRef:
-    """The input `value` names; raises InputRefused naming `field`. Another tenant's
-    upload id, an expired one and one that never was are refused alike."""
+@dataclass(frozen=True)
+class Keep:
+    """What an input needs once its request is accepted, and not before (a refused
+    request stores nothing): a checked image to store, or an upload to hold."""
+
+    image: uploads.InputImage | None = None
+    upload_id: uuid.UUID | None = None
+
+
+def resolve(value: str | uploads.InputImage, *, field: str) -> tuple[InputRef, Keep]:
+    """The input `value` names, and what keeping it takes; raises InputRefused naming
+    `field`. Another tenant's upload id, an expired one and one that never was are
+    refused alike. A `data:` URI (or an image checked already) is decoded and checked
+    here; it is stored by `keep`, once the whole request is accepted."""
     settings = services().settings
+    if isinstance(value, uploads.InputImage):
+        return _ref(value), Keep(image=value)
     if value.startswith("data:"):
         data = uploads.decode_data_uri(value, field=field, max_bytes=settings.data_uri_max_bytes)
-        row = store(data, field=field)
-        _held(row)
-        return uploads.ref(row)
+        image = uploads.decode(data, field=field, max_pixels=settings.input_max_pixels)
+        return _ref(image), Keep(image=image)
     try:
         upload_id = uuid.UUID(value)
     except ValueError as exc:
@@ -29,15 +43,36 @@ def resolve(value: str, *, field: str) -> InputRef:
     row = uploads.find(request_session(), current_tenant(), upload_id)
     if row is None:
         raise InputRefused(field, "No such upload (it may have expired): POST /v1/uploads.")
-    _held(row)
-    return uploads.ref(row)
+    return uploads.ref(row), Keep(upload_id=row.id)
 
 
-def _held(row) -> None:
-    """A job uses the upload: it stays at least as long as the job's results do."""
-    settings = services().settings
-    if uploads.hold(row, settings.result_retention):
-        request_session().commit()
+def _ref(image: uploads.InputImage) -> InputRef:
+    return InputRef(image.sha256, image.width, image.height, image.mode)
+
+
+def keep(keeps: tuple[Keep, ...] | list[Keep]) -> None:
+    """An accepted request's inputs: each image stored as the tenant's upload, each
+    upload held at least as long as the job's results are. Commits."""
+    svc = services()
+    session = request_session()
+    for item in keeps:
+        if item.image is not None:
+            row = uploads.store(
+                session, svc.storage, current_tenant(), item.image, ttl=svc.settings.input_ttl
+            )
+        else:
+            row = uploads.find(session, current_tenant(), item.upload_id)
+            if row is None:  # expired since it was checked (a moment ago)
+                raise InputRefused("image", "No such upload (it expired): POST /v1/uploads.")
+        uploads.hold(row, svc.settings.result_retention)
+    if keeps:
+        session.commit()
+
+
+def without_inputs(loaded: dict) -> tuple[dict, tuple[Keep, ...]]:
+    """A loaded job request (JobCreateSchema) apart from what its inputs need kept."""
+    rest = dict(loaded)
+    return rest, tuple(rest.pop("inputs", ()))
 
 
 def store(data: bytes, *, field: str, mask: bool = False):
@@ -50,11 +85,12 @@ def store(data: bytes, *, field: str, mask: bool = False):
     return row
 
 
-def store_png(image, *, field: str):
-    """A PIL image (an edit's, converted) stored as this tenant's upload (its row)."""
+def checked_png(image, *, field: str) -> uploads.InputImage:
+    """A PIL image (an edit's, converted) checked as an upload is, not stored yet."""
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
-    return store(buffer.getvalue(), field=field)
+    settings = services().settings
+    return uploads.decode(buffer.getvalue(), field=field, max_pixels=settings.input_max_pixels)
 
 
 def resolve_loras(spec, items: list[dict]) -> tuple[tuple[Lora, ...], dict]:

@@ -187,6 +187,10 @@ def test_bad_inputs_are_a_4xx_naming_the_field_and_nothing_is_queued(
     mine = upload(api_server, tenant_key, _png(_picture(3))).json()["id"]
     theirs = upload(api_server, other_key, _png(_picture(4))).json()["id"]
     before = _counts(db)
+    with db.session() as session:
+        from app.db.models import Upload
+
+        mine_expiry = session.get(Upload, uuid.UUID(mine)).expires_at
     bodies = {
         "another tenant's upload": ({"kind": "img2img", "image": theirs}, "image"),
         "no such upload": ({"kind": "img2img", "image": str(uuid.uuid4())}, "image"),
@@ -214,6 +218,10 @@ def test_bad_inputs_are_a_4xx_naming_the_field_and_nothing_is_queued(
             "kind",
         ),
         "a field of another kind": ({"strength": 0.5}, "strength"),
+        "a good data: URI, a bad strength": (
+            {"kind": "img2img", "image": _data_uri(_picture(6)), "strength": 1.5},
+            "strength",
+        ),
     }
     for name, (body, field) in bodies.items():
         answer = requests.post(
@@ -225,7 +233,13 @@ def test_bad_inputs_are_a_4xx_naming_the_field_and_nothing_is_queued(
         print(f"{name}: {answer.status_code} {answer.json().get('errors')}")
         assert answer.status_code == 422, (name, answer.text)
         assert field in answer.json()["errors"]["json"], (name, answer.text)
-    assert _counts(db)[0] == before[0]  # no job stored, none queued
+    # No job stored, none queued, and no input stored or held for a refused request.
+    assert _counts(db) == before
+    with db.session() as session:
+        from app.db.models import Upload
+
+        kept = session.get(Upload, uuid.UUID(mine)).expires_at
+    assert kept == mine_expiry, "a refused request held the upload it named"
 
 
 def test_an_expired_upload_names_nothing(api_server, tenant_key, db):

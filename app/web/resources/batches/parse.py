@@ -32,6 +32,7 @@ from flask_smorest import abort
 from app.batches.ingest import BatchLine, BatchRequest
 from app.jobs.submit import Submission
 from app.web.bodies import loads, parse_json_body
+from app.web.inputs import keep, without_inputs
 from app.web.resources.batches.endpoints import ENDPOINTS, LineRefused, load_job
 from app.web.strings import unstorable
 from app.webhooks.guard import UnsafeUrl, check_url, parse_allow_list
@@ -211,6 +212,7 @@ def _native(items, options, settings, key, body_hash, what: str) -> BatchRequest
     bad: dict[str, dict[str, Any]] = {}
     more = 0
     seen: set[str] = set()
+    inputs: list = []
     for number, item in items:
         try:
             custom_id, body = _custom_id(item, seen)
@@ -221,9 +223,12 @@ def _native(items, options, settings, key, body_hash, what: str) -> BatchRequest
             else:
                 more += 1
             continue
+        loaded, needs = without_inputs(loaded)
+        inputs.extend(needs)
         lines.append(BatchLine(number, custom_id, Submission(**loaded)))
     if bad:
         _refuse_lines(bad, len(items), more)
+    keep(inputs)  # the whole batch is valid: its input images are stored
     return BatchRequest(
         endpoint="/v1/jobs",
         lines=lines,
@@ -277,6 +282,7 @@ def _openai(body, settings, key, body_hash, read_file) -> Parsed:
     lines: list[BatchLine] = []
     failed: list[dict[str, Any]] = []
     seen: set[str] = set()
+    inputs: list = []
     numbered = [(n, text) for n, text in enumerate(data.split(b"\n"), 1) if text.strip()]
     if not numbered:
         _field_error("input_file_id", "The file has no requests.")
@@ -317,7 +323,10 @@ def _openai(body, settings, key, body_hash, read_file) -> Parsed:
             error["param"] = exc.param
             lines.append(BatchLine(number, custom_id, error=error))
             continue
+        loaded, needs = without_inputs(loaded)
+        inputs.extend(needs)
         lines.append(BatchLine(number, custom_id, Submission(**loaded), b64_json=b64))
+    keep(inputs)
     return Parsed(
         BatchRequest(
             endpoint=endpoint,

@@ -27,7 +27,7 @@ from app.web.resources.jobs.schemas import (
 )
 from app.web.resources.jobs.submit import submit
 from app.web.services import close_request_session, request_session, services
-from app.web.wait import BadPreference, requested_wait, wait_for_job
+from app.web.wait import BadPreference, NoWaitSlot, requested_wait, wait_for_job
 
 blp = Blueprint(
     "jobs", __name__, url_prefix="/v1/jobs", description="Submit generation jobs and follow them."
@@ -35,6 +35,40 @@ blp = Blueprint(
 blp.before_request(require_api_key)
 
 SUBMIT_EXAMPLE = {"prompt": "a lighthouse at dusk", "steps": 20, "seed": 42}
+# One example per job kind (OpenAPI `examples`), each a body the API accepts.
+SUBMIT_EXAMPLES = {
+    "txt2img": {"summary": "Text to image", "value": SUBMIT_EXAMPLE},
+    "img2img": {
+        "summary": "Image to image: an upload redrawn, 60 % of the steps",
+        "value": {
+            "kind": "img2img",
+            "prompt": "the same lighthouse in a winter storm",
+            "image": "01a1f3c2-7b7e-7c4d-9a59-3f2f0d1c8e11",
+            "strength": 0.6,
+            "steps": 20,
+            "seed": 42,
+        },
+    },
+    "inpaint": {
+        "summary": "Inpainting: white in the mask is redrawn, the rest kept",
+        "value": {
+            "kind": "inpaint",
+            "prompt": "a red door",
+            "image": "01a1f3c2-7b7e-7c4d-9a59-3f2f0d1c8e11",
+            "mask": "01a1f3c2-8c21-7a10-b3e4-5d6e7f809a1b",
+            "mask_blur": 4,
+            "masked_only": True,
+            "steps": 20,
+        },
+    },
+    "loras": {
+        "summary": "Text to image with a LoRA adapter of the tenant's",
+        "value": {
+            "prompt": "a lighthouse, watercolor",
+            "loras": [{"id": "01a1f3c2-9d32-7b21-84f5-6e7f8091a2b3", "scale": 0.8}],
+        },
+    },
+}
 LOCATION_HEADER = {"Location": {"description": "The new job's URL.", "schema": {"type": "string"}}}
 
 
@@ -71,7 +105,10 @@ def _answer(job, wait: int | None, headers: dict[str, str]):
     if wait is not None and not job.status.terminal:
         tenant_id, job_id = job.tenant_id, job.id
         close_request_session()  # no connection is held while waiting
-        latest = wait_for_job(services(), tenant_id, job_id, wait)
+        try:
+            latest = wait_for_job(services(), tenant_id, job_id, wait)
+        except NoWaitSlot:  # the tenant's (or the process's) held requests at their cap
+            latest = None  # answered at once, as without the preference
         if latest is not None:  # finished, or as it is now that the wait ran out
             job = latest
     view = _view(job, position=wait is not None)
@@ -87,7 +124,7 @@ def _answer(job, wait: int | None, headers: dict[str, str]):
 @blp.route("")
 class Jobs(MethodView):
     @blp.arguments(SubmitHeadersSchema(), location="headers")
-    @blp.arguments(JobCreateSchema(), example=SUBMIT_EXAMPLE)
+    @blp.arguments(JobCreateSchema(), examples=SUBMIT_EXAMPLES)
     @blp.response(202, JobSchema, headers=LOCATION_HEADER)
     @blp.alt_response(
         200,

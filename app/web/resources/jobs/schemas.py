@@ -228,6 +228,7 @@ class _JobCreateFields(RefusesNul, ma.Schema):
         """The submission's parts (app/jobs/submit.py `Submission`), the request typed."""
         spec = data.pop("_spec")  # _model_limits ran first
         return {
+            "inputs": tuple(data.pop("_keep", ())),  # kept once accepted (app/web/inputs.py)
             "spec": spec,
             "request": KINDS[data["kind"]].normalize(spec, data),
             "metadata": data.get("metadata"),
@@ -240,15 +241,18 @@ class _JobCreateFields(RefusesNul, ma.Schema):
 
 
 def _resolve_inputs(kind, data: dict[str, Any]) -> dict[str, list[str]]:
-    """Each input image field's upload (an id, or a data: URI stored on the way), in
-    place of what the body said; the refusals by field."""
+    """Each input image field's image (an upload's, or a data: URI's, checked), in place
+    of what the body said; what keeping them takes under `_keep` (nothing is stored
+    until the request is accepted: app/web/inputs.py); the refusals by field."""
     errors: dict[str, list[str]] = {}
+    keeps = data["_keep"] = []
     for name in kind.image_fields:
         value = data.get(name)
         if value is None:
             continue
         try:
-            data[name] = resolve_input(value, field=name)
+            data[name], needs = resolve_input(value, field=name)
+            keeps.append(needs)
         except InputRefused as refused:
             errors[name] = [refused.message]
     return errors

@@ -10,6 +10,7 @@ from flask_smorest import abort
 
 from app.jobs.submit import Caps, Refused, Submission, Submitted, submit_job
 from app.web.auth import current_tenant, tenant_quota
+from app.web.inputs import keep, without_inputs
 from app.web.services import close_request_session, request_session, services
 
 
@@ -20,8 +21,11 @@ def submit(
     body_hash: str | None = None,
     replay_of: uuid.UUID | None = None,
 ) -> Submitted:
-    """`request_data` as JobCreateSchema loads it."""
+    """`request_data` as JobCreateSchema loads it. Its input images are stored (or held)
+    now that the request passed every check of its own, before the job is."""
     svc = services()
+    request_data, inputs = without_inputs(request_data)
+    keep(inputs)
     submission = Submission(
         **request_data, idempotency_key=idempotency_key, body_hash=body_hash, replay_of=replay_of
     )
