@@ -7,7 +7,10 @@ import flask_smorest.error_handler
 import marshmallow as ma
 
 API_DESCRIPTION = """\
-diffq runs text-to-image diffusion models as asynchronous jobs.
+diffq runs diffusion models as asynchronous jobs: text to image (`txt2img`), image to
+image (`img2img`) and inpainting (`inpaint`) from an uploaded image (`POST /v1/uploads`),
+each with optional LoRA adapters (`POST /v1/adapters`), singly or as batches
+(`POST /v1/batches`).
 
 Submit a job with `POST /v1/jobs` (answered `202` at once), then poll
 `GET /v1/jobs/{id}` until its `status` is `succeeded`, `failed` or `canceled`.

@@ -84,6 +84,24 @@ def test_openapi_document_describes_routes_limits_and_auth(client):
     assert paths["/healthz"]["get"]["security"] == []
 
 
+def test_the_submit_examples_show_every_job_kind_with_fields_of_its_own(client):
+    """POST /v1/jobs documents one example per kind, each using only fields the request
+    schema declares, and the kind's own fields only on that kind."""
+    from app.kinds import KINDS
+
+    spec = client.get("/openapi.json").json
+    body = spec["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]
+    declared = set(spec["components"]["schemas"]["JobCreate"]["properties"])
+    examples = {name: e["value"] for name, e in body["examples"].items()}
+    shown = {value.get("kind", "txt2img") for value in examples.values()}
+    assert shown == set(KINDS), shown
+    for name, value in examples.items():
+        assert set(value) <= declared, (name, set(value) - declared)
+        kind = KINDS[value.get("kind", "txt2img")]
+        foreign = {f for k in KINDS.values() for f in k.api_fields()} - set(kind.api_fields())
+        assert not set(value) & foreign, (name, set(value) & foreign)
+
+
 def test_interactive_docs_page_is_served(client):
     response = client.get("/docs")
     assert response.status_code == 200
