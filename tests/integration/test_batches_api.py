@@ -211,6 +211,7 @@ def test_an_interrupted_ingest_is_finished_by_the_retry(flask_app, tenant_key, d
     from app.batches import ingest
     from app.jobs.submit import Caps, Submission
     from app.keys import key_id_of
+    from app.web.inputs import without_inputs
     from app.web.resources.jobs.schemas import JobCreateSchema
 
     class Died(Exception):
@@ -228,7 +229,11 @@ def test_an_interrupted_ingest_is_finished_by_the_retry(flask_app, tenant_key, d
     with flask_app.app_context():
         schema = JobCreateSchema()
         lines = [
-            ingest.BatchLine(n, f"r-{n}", Submission(**schema.load({"prompt": f"r{n}", **LINE})))
+            ingest.BatchLine(
+                n,
+                f"r-{n}",
+                Submission(**without_inputs(schema.load({"prompt": f"r{n}", **LINE}))[0]),
+            )
             for n in range(1, 8)
         ]
         request = ingest.BatchRequest("/v1/jobs", lines, idempotency_key="resume-1", body_hash="h")
