@@ -45,6 +45,14 @@ worker_proc_alive_timeout = 600
 task_soft_time_limit = 600
 task_time_limit = 660
 
+# --- Remote control (Flower, `celery inspect`) ------------------------------------------
+# A worker's control queue (`<node>.celery.pidbox`) is not exclusive: when a worker
+# fails over to another node of a cluster while the node it left still holds the old
+# queue (paused by pause_minority, say), an exclusive queue would refuse the declare
+# (RESOURCE_LOCKED) and Celery would stop the worker, reloading its models. It is still
+# auto-deleted once unused (control_queue_expires).
+control_queue_exclusive = False
+
 # --- Events for Flower ---------------------------------------------------------------
 worker_send_task_events = True
 # No task-sent event: it is a second message, with its own confirm, on every submit

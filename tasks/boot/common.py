@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 
 from celery import signals
@@ -10,6 +11,8 @@ from celery import signals
 from app import logs
 from app.broker.topology import WEBHOOK_QUEUE
 from tasks.celery_app import services
+
+log = logging.getLogger(__name__)
 
 # Exit status of a worker whose models cannot load (sysexits EX_CONFIG).
 EXIT_MODEL_LOAD = 78
@@ -27,9 +30,15 @@ def mark_fatal(reason: str) -> None:
 
 def declare(sender, queues: list[str]) -> None:
     """Declare the consumed queues (and what the broker backend needs with them, e.g.
-    their DLQs) before consuming."""
-    with sender.app.connection_for_write() as conn:
-        services().broker.declare(conn, queues)
+    their DLQs) before consuming. A broker away at start (a node down, a partition) does
+    not stop the worker: the consumer declares the same queues, with the same arguments,
+    when it connects, and the API and the relay declare them with their DLQs."""
+    try:
+        with sender.app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=3)
+            services().broker.declare(conn, queues)
+    except Exception as exc:  # noqa: BLE001 - logged; the consumer declares them anyway
+        log.warning("queues %s not declared at start (%s); the consumer will", queues, exc)
 
 
 @signals.after_setup_logger.connect

@@ -46,7 +46,6 @@ def start(sender, queues: list[str]) -> None:
         log.critical("worker cannot start: %s", exc)
         mark_fatal(str(exc))
         raise WorkerShutdown(str(exc)) from exc
-    declare(sender, queues)
     _queues[:] = queues
     os.environ["DIFFQ_WORKER_NAME"] = sender.hostname
     # A pool child that replaces a dead one then starts in well under a second instead
@@ -57,10 +56,13 @@ def start(sender, queues: list[str]) -> None:
     transformers.utils.logging.set_verbosity_error()
     for name in names:
         preimport_components(catalog.models[name])
+    # Hooked before anything that talks to the broker: a broker away at start must not
+    # leave pool children without their models (every task would fail).
     signals.worker_shutting_down.connect(hand_back_after_grace)
     signals.worker_process_init.connect(load_models)
     signals.worker_process_shutdown.connect(release)
     worker_metrics.serve(services().settings)
+    declare(sender, queues)
     log.info("worker serves models %s from queues %s", names, queues)
 
 
@@ -164,6 +166,12 @@ def record_hard_timeout(payload, exc) -> None:
 
 
 def runtime():
+    """This pool child's runtime; loaded here if worker_process_init did not run in it
+    (its handler is hooked before the pool forks, so this is a safety net: a task never
+    fails for want of it)."""
     if _runtime is None:
-        raise RuntimeError("worker runtime not initialised (worker_process_init did not run)")
+        if not _queues:
+            raise RuntimeError("worker not started: no queues (worker_init did not run)")
+        log.warning("pool process %s had no runtime: loading its models now", os.getpid())
+        load_models()
     return _runtime

@@ -20,10 +20,10 @@ def start(sender, queues: list[str]) -> None:
 
     if queues != [WEBHOOK_QUEUE]:
         raise WorkerShutdown("webhooks are delivered by their own workers (`diffq webhooks`)")
-    declare(sender, queues)
     # Its delivery threads share the root's database pool: pool plus overflow (as many
     # again) gives each thread a connection.
     pool = max(1, (sender.concurrency + 1) // 2)
     root.install(services().derive(WebhookWorker, db_pool_size=pool))
     worker_metrics.serve(services().settings)
+    declare(sender, queues)  # last: a broker away at start leaves the rest set up
     log.info("worker delivers webhooks from queue %s", WEBHOOK_QUEUE)
