@@ -139,6 +139,7 @@ class Settings:
     log_format: str  # "text" or "json"
     metrics_dir: Path  # prometheus_client multiprocess files, one folder per process tree
     worker_metrics_port: int  # 0: a worker serves no /metrics
+    relay_metrics_port: int  # 0: the relay serves no /metrics (on worker_metrics_host)
     worker_metrics_host: str
     rabbitmq_api_url: str | None  # RabbitMQ's management API, for Flower's broker tab
     flower_auth: str | None  # user:password for Flower's basic authentication
@@ -300,6 +301,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log_format=_choice(env, "DIFFQ_LOG_FORMAT", ("text", "json")),
         metrics_dir=Path(env.get("DIFFQ_METRICS_DIR") or home / "metrics").expanduser(),
         worker_metrics_port=_int(env, "DIFFQ_WORKER_METRICS_PORT", 9808),
+        relay_metrics_port=_int(env, "DIFFQ_RELAY_METRICS_PORT", 9809),
         worker_metrics_host=env.get("DIFFQ_WORKER_METRICS_HOST") or "127.0.0.1",
         rabbitmq_api_url=env.get("DIFFQ_RABBITMQ_API_URL") or None,
         flower_auth=env.get("DIFFQ_FLOWER_AUTH") or None,

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import click
@@ -160,13 +161,21 @@ def worker(gpus: str, models: str | None, queues: str | None, name: str | None, 
 
 def relay_loop(stop: threading.Event, interval: float, heartbeat: str | None = None) -> None:
     from app.housekeeping.relay import Relay
+    from app.metrics.instruments import RELAY_PASS_DURATION, RELAY_PASSES
 
     relay = root().derive(Relay, db_pool_size=1)
+    for outcome in ("ok", "failed"):
+        RELAY_PASSES.labels(outcome)  # both series from the start: rates and alerts see 0
     while not stop.is_set():
+        started = time.monotonic()
         try:
             relay.run_pass()
         except Exception:
             log.exception("relay pass failed; retrying")
+            RELAY_PASSES.labels("failed").inc()
+        else:
+            RELAY_PASSES.labels("ok").inc()
+        RELAY_PASS_DURATION.observe(time.monotonic() - started)
         if heartbeat:
             # The loop turns (a pass that failed on a broker or database outage counts:
             # restarting the relay would not bring either back).
@@ -186,14 +195,47 @@ def relay_loop(stop: threading.Event, interval: float, heartbeat: str | None = N
     "--heartbeat",
     help="a file touched after every pass, failed or not (a liveness probe checks its age)",
 )
-def relay(interval: float, heartbeat: str | None) -> int:
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    help="its /metrics port (default DIFFQ_RELAY_METRICS_PORT, 9809; 0: off)",
+)
+def relay(interval: float, heartbeat: str | None, metrics_port: int | None) -> int:
     """Housekeeping: publish jobs whose first publish failed, requeue jobs whose worker
     vanished, cancel jobs past their deadline, raise long-waiting jobs' priority."""
+    settings = root().settings
+    serve_relay_metrics(
+        settings.worker_metrics_host,
+        settings.relay_metrics_port if metrics_port is None else metrics_port,
+    )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     relay_loop(stop, interval, heartbeat)
     return 0
+
+
+def serve_relay_metrics(host: str, port: int) -> None:
+    """The relay's /metrics (its passes: DiffqRelayStalled), in a daemon thread; never a
+    reason for the relay not to run."""
+    if port <= 0:
+        return
+    from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    from app.metrics import multiproc
+
+    registry = REGISTRY
+    if multiproc.enabled():  # an environment inherited from a multiprocess parent
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+    try:
+        start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        log.warning("relay metrics not served on %s:%s: %s", host, port, exc)
+        return
+    log.info("relay metrics on http://%s:%s/metrics", host, port)
 
 
 def webhooks_command(concurrency: int, name: str, loglevel: str) -> list[str]:

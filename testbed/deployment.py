@@ -23,8 +23,9 @@ from testbed.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
-# Ports diffq's roles listen on in a container (API, webhook and GPU worker metrics, Flower).
-LISTEN_PORTS = (8000, 9806, 9807, 9808, 5555)
+# Ports diffq's roles listen on in a container (API, webhook, GPU worker and relay
+# metrics, Flower).
+LISTEN_PORTS = (8000, 9806, 9807, 9808, 9809, 5555)
 # Paths private to a container: each role gets its own folder for them.
 PRIVATE_PATHS = ("/tmp", "/var/lib/diffq", "/run/diffq")
 SECRET_KEYS = (

@@ -113,6 +113,21 @@ WORKER_BUSY = Counter(
     ["worker"],
 )
 
+# --- The relay (`diffq relay`) ------------------------------------------------------------
+# Its passes publish what missed its first publish, requeue lost workers' jobs, cancel
+# jobs past their deadline and hand webhook events to the delivery workers: a relay that
+# stopped passing stops all of that (the DiffqRelayStalled alert).
+RELAY_PASSES = Counter(
+    "diffq_relay_passes",
+    "Relay passes by outcome: ok, failed (an error, a database or broker outage)",
+    ["outcome"],
+)
+RELAY_PASS_DURATION = Histogram(
+    "diffq_relay_pass_duration_seconds",
+    "Time of one relay pass, every housekeeping step once",
+    buckets=LATENCY_BUCKETS,
+)
+
 # --- Webhook delivery workers ----------------------------------------------------------
 WEBHOOK_DELIVERIES = Counter(
     "diffq_webhook_deliveries",

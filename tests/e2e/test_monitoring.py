@@ -215,7 +215,7 @@ def ops(stack, tmp_path_factory):
             "DIFFQ_WEBHOOK_TIMEOUT": "2",
             "OMP_NUM_THREADS": "1",
         }
-        worker_port, hooks_port = free_port(), free_port()
+        worker_port, hooks_port, relay_port = free_port(), free_port(), free_port()
         # The worker reaches S3 through a proxy the poison-job scenario cuts.
         worker_env = {
             **env,
@@ -228,7 +228,12 @@ def ops(stack, tmp_path_factory):
         api = ApiServer(env, logs, name="api-mon", workers=2, threads=8).start()
         cleanup.callback(api.stop)  # the same object when a scenario restarts it
         cli = [sys.executable, "-m", "cli"]
-        relay = ManagedProcess("relay-mon", [*cli, "relay", "--interval", "0.5"], env, logs)
+        relay = ManagedProcess(
+            "relay-mon",
+            [*cli, "relay", "--interval", "0.5", "--metrics-port", str(relay_port)],
+            env,
+            logs,
+        )
         cleanup.callback(relay.start().stop)
         webhooks = ManagedProcess(
             "webhooks-mon",
@@ -253,6 +258,7 @@ def ops(stack, tmp_path_factory):
                 "api:9806": f"127.0.0.1:{api.metrics_port}",
                 "worker:9808": f"127.0.0.1:{worker_port}",
                 "webhooks:9807": f"127.0.0.1:{hooks_port}",
+                "relay:9809": f"127.0.0.1:{relay_port}",
                 "alertmanager:9093": f"127.0.0.1:{alertmanager.port}",
             },
         ).start()
@@ -856,6 +862,22 @@ def test_broker_down_raises_broker_down(ops):
     watch.wait_resolved()
     _wait_idle(ops)  # the workers consume again
     print(watch.report("RabbitMQ stopped"))
+
+
+def test_a_stopped_relay_raises_relay_stalled(ops):
+    """The relay gone (its passes no longer scraped): DiffqRelayStalled pages, and clears
+    once a relay passes again."""
+    _wait_idle(ops)
+    watch = AlertWatch(ops, {"DiffqRelayStalled": {}})
+    assert ops.prometheus.query('sum(diffq_relay_passes_total{outcome="ok"})')[0]["value"] > 0
+    ops.relay.stop()
+    try:
+        watch.wait_fired()
+    finally:
+        watch.end()
+        ops.relay.start()
+    watch.wait_resolved()
+    print(watch.report("the relay stopped"))
 
 
 def test_failing_webhook_deliveries_raise_webhook_deliveries_failing(ops):
