@@ -35,7 +35,7 @@ def declare(sender, queues: list[str]) -> None:
     when it connects, and the API and the relay declare them with their DLQs."""
     try:
         with sender.app.connection_for_write() as conn:
-            conn.ensure_connection(max_retries=3)
+            conn.ensure_connection(max_retries=1)
             services().broker.declare(conn, queues)
     except Exception as exc:  # noqa: BLE001 - logged; the consumer declares them anyway
         log.warning("queues %s not declared at start (%s); the consumer will", queues, exc)

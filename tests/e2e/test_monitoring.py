@@ -464,6 +464,12 @@ def test_prometheus_scrapes_every_target_of_composes_configuration(ops):
         return set(health) == jobs and all(h == "up" for h in health.values()) and health
 
     health = wait_for(all_up, "every target scraped", 60, on_timeout=ops.state)
+    # Only the API's metrics port names tenants (their usage); what the workers, the
+    # webhook deliverer and the relay export names none (docs/security.md).
+    named = ops.prometheus.query(
+        'count({tenant!="", job=~"diffq-worker|diffq-webhooks|diffq-relay"})'
+    )
+    assert not named, named
     # The rules loaded are the shipped ones, every duration a sixtieth.
     groups = requests.get(f"{ops.prometheus.url}/api/v1/rules", timeout=10).json()["data"]
     loaded = {r["name"]: r["duration"] for g in groups["groups"] for r in g["rules"]}

@@ -122,6 +122,49 @@ def test_a_bad_line_refuses_the_whole_batch_naming_line_and_field(
     assert _batches_of(db, tenant_key) == 0
 
 
+def test_a_batch_of_image_jobs_stores_its_inputs_only_once_accepted(client, other_key, db):
+    """Lines of image-to-image jobs carrying a data: URI: a batch refused for one bad line
+    stores none of the images; accepted, each distinct image is stored once (content
+    addressed) and the jobs name it."""
+    import base64
+
+    import numpy as np
+    from PIL import Image
+
+    from app.db.models import ApiKey, Upload
+    from app.keys import key_id_of
+
+    buffer = io.BytesIO()
+    pixels = np.random.default_rng(7).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    uri = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    line = {"kind": "img2img", "model": "tiny", "image": uri, "strength": 0.5, "steps": 2}
+
+    def uploads() -> int:
+        with db.session() as session:
+            tenant = session.scalar(
+                select(ApiKey.tenant_id).where(ApiKey.key_id == key_id_of(other_key))
+            )
+            return session.scalar(
+                select(func.count()).select_from(Upload).where(Upload.tenant_id == tenant)
+            )
+
+    before = uploads()
+    lines = [{"custom_id": f"i-{i}", "prompt": f"p {i}", **line} for i in range(2)]
+    bad = {**lines[1], "custom_id": "bad", "strength": 1.5}
+    refused = _post(client, other_key, {"requests": [*lines, bad]})
+    assert refused.status_code == 422, refused.get_json()
+    assert "strength" in refused.get_json()["errors"]["lines"]["3"]
+    assert uploads() == before  # nothing stored for a refused batch
+    accepted = _post(client, other_key, {"requests": lines})
+    assert accepted.status_code == 202, accepted.get_json()
+    assert uploads() == before + 1  # the same image twice: one upload
+    jobs = _jobs(db, accepted.get_json()["id"])
+    assert [job.request.kind for job in jobs] == ["img2img", "img2img"]
+    assert len({job.request.image for job in jobs}) == 1
+    client.post(f"/v1/batches/{accepted.get_json()['id']}/cancel", headers=auth(other_key))
+
+
 def test_a_jsonl_line_that_is_not_json_is_named(client, tenant_key, db):
     data = json.dumps(_requests(1)[0]) + "\n{oops\n" + json.dumps(_requests(2)[1]) + "\n"
     answer = _post(client, tenant_key, data=data, content_type="application/x-ndjson")

@@ -60,7 +60,10 @@ def _operations(app, ids: dict[str, str]) -> list[tuple[str, str]]:
     return sorted(found)
 
 
-@pytest.mark.parametrize("content_type", ["application/json", "application/jsonl"])
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/json", "application/jsonl", "multipart/form-data; boundary=xyz"],
+)
 def test_no_hostile_body_gets_a_5xx_from_any_operation(guarded_app, db, content_type):
     client = guarded_app.test_client()
     key = new_key(db, "hostile")
@@ -70,9 +73,12 @@ def test_no_hostile_body_gets_a_5xx_from_any_operation(guarded_app, db, content_
         "upload_id": str(uuid.uuid4()),
         "file_id": str(uuid.uuid4()),
         "batch_id": str(uuid.uuid4()),
+        "adapter_id": str(uuid.uuid4()),
     }
     operations = _operations(guarded_app, ids)
     assert ("POST", "/v1/images/generations") in operations and len(operations) >= 10
+    # Every id filled in: no operation is left out for a placeholder in its path.
+    assert not [path for _, path in operations if "<" in path], operations
     failures, answered = [], {}
     for method, path in operations:
         for name, body in CORPUS.items():

@@ -3,9 +3,15 @@ the function that turns a line's body into a job's submission.
 
 This is the extension point for OpenAI endpoints: `/v1/jobs` (diffq's own job request)
 and `/v1/images/generations` (OpenAI's images request, through the same conversion as
-the synchronous endpoint). An endpoint added here (`/v1/images/edits`, once diffq
-answers it) is a function from the line's body to JobCreateSchema's loaded form, raising
-`LineRefused` with the OpenAI parameter it names; nothing else changes.
+the synchronous endpoint). An endpoint added here is a function from the line's body to
+JobCreateSchema's loaded form, raising `LineRefused` with the OpenAI parameter it names;
+nothing else changes.
+
+`/v1/images/edits` is not one: its request is a multipart form whose image and mask are
+files, which a JSON line cannot carry. A batch of image-to-image or inpainting jobs is
+`/v1/jobs` lines whose `image` and `mask` name uploads (`POST /v1/uploads`) or carry
+`data:` URIs; each is checked when the batch is validated and stored only once the whole
+batch is accepted.
 """
 
 from __future__ import annotations
