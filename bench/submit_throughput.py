@@ -61,10 +61,11 @@ class Server:
 
 
 def _gunicorn(target: str, bind: str) -> list[str]:
-    """diffq's shipped gunicorn command (as `diffq api` builds it) serving `target`."""
+    """diffq's shipped gunicorn command (as `diffq api` builds it) serving `target`, with
+    no metrics port (diffq's own server holds DIFFQ_API_METRICS_PORT)."""
     from cli.serve import gunicorn_command
 
-    command = gunicorn_command(bind, 2, 256)
+    command = gunicorn_command(bind, 2, 256, metrics_port=0)
     return [target if arg == "app.web.factory:create_app()" else arg for arg in command]
 
 
