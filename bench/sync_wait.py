@@ -4,9 +4,12 @@
 
 One gunicorn process (gthread). For each W: W clients POST /v1/jobs with
 `Prefer: wait=60` at once, on a model no worker serves (the jobs stay queued). Past
-DIFFQ_WAIT_SLOTS the API answers 202 at once instead of waiting. With every job made,
-the table reads the process's RSS and threads and GET /healthz's latency; then all W
-jobs are failed in one transaction and the held requests' answers are timed.
+DIFFQ_WAIT_SLOTS the API answers 202 at once instead of waiting. The clients are one
+tenant, whose held requests are capped too (DIFFQ_MAX_TENANT_STREAMS, 16 by default):
+the bench lifts that cap and the process's stream cap, to measure the process itself.
+With every job made, the table reads the process's RSS and threads and GET /healthz's
+latency; then all W jobs are failed in one transaction and the held requests' answers
+are timed.
 """
 
 from __future__ import annotations
@@ -112,7 +115,12 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        extra = {"DIFFQ_MAX_QUEUED": "0", "DIFFQ_WAIT_SLOTS": str(args.slots)}
+        extra = {
+            "DIFFQ_MAX_QUEUED": "0",
+            "DIFFQ_WAIT_SLOTS": str(args.slots),
+            "DIFFQ_MAX_TENANT_STREAMS": "0",  # one tenant here: the process's limits only
+            "DIFFQ_MAX_STREAMS": "0",
+        }
         stack = start_stack(Path(tmp), {**extra, "DIFFQ_SSE_KEEPALIVE": "15"})
         api = ApiServer(stack.env, stack.logs, name="bench-api", threads=args.threads)
         try:

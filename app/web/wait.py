@@ -86,29 +86,50 @@ def _give_slot() -> None:
         _slots_held -= 1
 
 
+class WaitSlot:
+    """One waiting request's slot: the tenant's and the process's held-request caps
+    (shared with event streams) and DIFFQ_WAIT_SLOTS. `take` raises NoWaitSlot."""
+
+    def __init__(self, svc: ApiRoot, tenant_id: uuid.UUID) -> None:
+        self._svc, self._tenant_id = svc, tenant_id
+        refused = svc.streams.take(tenant_id)
+        if refused is not None:
+            limit = svc.streams.per_tenant if refused == "tenant" else svc.streams.per_process
+            raise NoWaitSlot(refused, limit)
+        if not _take_slot(svc.settings.wait_slots):
+            svc.streams.give_back(tenant_id)
+            raise NoWaitSlot("waits", svc.settings.wait_slots)
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            _give_slot()
+            self._svc.streams.give_back(self._tenant_id)
+
+
 def wait_for_job(
-    svc: ApiRoot, tenant_id: uuid.UUID, job_id: uuid.UUID, seconds: float
+    svc: ApiRoot,
+    tenant_id: uuid.UUID,
+    job_id: uuid.UUID,
+    seconds: float,
+    slot: WaitSlot | None = None,
 ) -> Job | None:
     """The job as it is once it finished, or as it is when `seconds` have passed: a wait
     that runs out answers with the job's state then, not the one it was submitted in.
-    None when `seconds` <= 0 or the job is gone; NoWaitSlot when a cap leaves no slot.
+    None when `seconds` <= 0 or the job is gone. Without a `slot` held by the caller, it
+    takes one (NoWaitSlot when a cap leaves none) and gives it back.
 
     The caller must not hold a database session open while this runs.
     """
     if seconds <= 0:
         return None
-    refused = svc.streams.take(tenant_id)
-    if refused is not None:
-        limit = svc.streams.per_tenant if refused == "tenant" else svc.streams.per_process
-        raise NoWaitSlot(refused, limit)
-    if not _take_slot(svc.settings.wait_slots):
-        svc.streams.give_back(tenant_id)
-        raise NoWaitSlot("waits", svc.settings.wait_slots)
+    held = slot or WaitSlot(svc, tenant_id)
     try:
         return _wait(svc, tenant_id, job_id, seconds)
     finally:
-        _give_slot()
-        svc.streams.give_back(tenant_id)
+        if slot is None:
+            held.release()
 
 
 def _wait(svc: ApiRoot, tenant_id: uuid.UUID, job_id: uuid.UUID, seconds: float) -> Job | None:
@@ -129,11 +150,11 @@ def _wait(svc: ApiRoot, tenant_id: uuid.UUID, job_id: uuid.UUID, seconds: float)
 
 
 def wait_for_finish(
-    svc: ApiRoot, tenant_id: uuid.UUID, job_id: uuid.UUID, seconds: float
+    svc: ApiRoot, tenant_id: uuid.UUID, job_id: uuid.UUID, seconds: float, slot: WaitSlot
 ) -> Job | None:
-    """The job once terminal, or None if it is not within `seconds` (NoWaitSlot: no wait).
+    """The job once terminal, or None if it is not within `seconds`, on the caller's slot.
 
     The caller must not hold a database session open while this runs.
     """
-    job = wait_for_job(svc, tenant_id, job_id, seconds)
+    job = wait_for_job(svc, tenant_id, job_id, seconds, slot)
     return job if job is not None and job.status.terminal else None

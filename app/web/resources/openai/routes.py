@@ -35,7 +35,7 @@ from app.web.resources.openai.schemas import (
     ImagesResponseSchema,
 )
 from app.web.services import close_request_session, services
-from app.web.wait import NoWaitSlot, wait_for_finish
+from app.web.wait import NoWaitSlot, WaitSlot, wait_for_finish
 
 blp = Blueprint(
     "openai_images",
@@ -189,24 +189,30 @@ def _job_request(body: dict[str, Any], **fields: Any) -> dict[str, Any]:
 
 
 def _answered(request_data: dict[str, Any], response_format: str):
-    """Submit the job, wait for it, and answer with its images as OpenAI does."""
+    """Submit the job, wait for it, and answer with its images as OpenAI does. The wait's
+    slot is taken first: a tenant (or a process) at its cap of held requests is answered
+    429 before any job is made, so the client's own retry is safe."""
     svc = services()
-    made = submit(request_data)
-    job = made.job
-    tenant_id, job_id = current_tenant(), job.id
-    if not job.status.terminal:
-        close_request_session()
-        try:
-            job = wait_for_finish(svc, tenant_id, job_id, svc.settings.max_wait)
-        except NoWaitSlot as refused:
-            raise OpenAIError(
-                429,
-                f"Too many requests held open ({refused.cap} cap: {refused.limit}); job "
-                f"{job_id} was accepted and runs: GET /v1/jobs/{job_id}, or retry later.",
-                code="rate_limit_exceeded",
-                # The job exists: a client's automatic retry would make a second one.
-                headers={"diffq-job-id": str(job_id), "x-should-retry": "false"},
-            ) from None
+    tenant_id = current_tenant()
+    try:
+        slot = WaitSlot(svc, tenant_id)
+    except NoWaitSlot as refused:
+        raise OpenAIError(
+            429,
+            f"Too many requests held open ({refused.cap} cap: {refused.limit}); no job was "
+            "made: retry shortly, or submit with POST /v1/jobs and poll.",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": "5"},
+        ) from None
+    try:
+        made = submit(request_data)
+        job = made.job
+        job_id = job.id
+        if not job.status.terminal:
+            close_request_session()
+            job = wait_for_finish(svc, tenant_id, job_id, svc.settings.max_wait, slot)
+    finally:
+        slot.release()
     headers = {"diffq-job-id": str(job_id)}
     if job is None:
         raise OpenAIError(
