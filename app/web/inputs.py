@@ -1,11 +1,14 @@
-"""A request's input images: an upload's id, or a `data:` URI stored as an upload on the
-way (app/uploads.py), resolved for this request's tenant."""
+"""A request's input images: an upload's id, or a `data:` URI (checked when the request is
+validated, stored as an upload once it is accepted: app/uploads.py), resolved for this
+request's tenant."""
 
 from __future__ import annotations
 
 import io
 import uuid
 from dataclasses import dataclass
+
+from flask_smorest import abort
 
 from app import adapters, uploads
 from app.kinds.base import Lora
@@ -20,6 +23,7 @@ class Keep:
     """What an input needs once its request is accepted, and not before (a refused
     request stores nothing): a checked image to store, or an upload to hold."""
 
+    field: str
     image: uploads.InputImage | None = None
     upload_id: uuid.UUID | None = None
 
@@ -31,11 +35,11 @@ def resolve(value: str | uploads.InputImage, *, field: str) -> tuple[InputRef, K
     here; it is stored by `keep`, once the whole request is accepted."""
     settings = services().settings
     if isinstance(value, uploads.InputImage):
-        return _ref(value), Keep(image=value)
+        return _ref(value), Keep(field, image=value)
     if value.startswith("data:"):
         data = uploads.decode_data_uri(value, field=field, max_bytes=settings.data_uri_max_bytes)
         image = uploads.decode(data, field=field, max_pixels=settings.input_max_pixels)
-        return _ref(image), Keep(image=image)
+        return _ref(image), Keep(field, image=image)
     try:
         upload_id = uuid.UUID(value)
     except ValueError as exc:
@@ -43,7 +47,7 @@ def resolve(value: str | uploads.InputImage, *, field: str) -> tuple[InputRef, K
     row = uploads.find(request_session(), current_tenant(), upload_id)
     if row is None:
         raise InputRefused(field, "No such upload (it may have expired): POST /v1/uploads.")
-    return uploads.ref(row), Keep(upload_id=row.id)
+    return uploads.ref(row), Keep(field, upload_id=row.id)
 
 
 def _ref(image: uploads.InputImage) -> InputRef:
@@ -62,8 +66,14 @@ def keep(keeps: tuple[Keep, ...] | list[Keep]) -> None:
             )
         else:
             row = uploads.find(session, current_tenant(), item.upload_id)
-            if row is None:  # expired since it was checked (a moment ago)
-                raise InputRefused("image", "No such upload (it expired): POST /v1/uploads.")
+            if row is None:  # expired since it was checked, a moment ago: nothing is kept
+                session.rollback()
+                abort(
+                    422,
+                    errors={
+                        "json": {item.field: ["No such upload (it expired): POST /v1/uploads."]}
+                    },
+                )
         uploads.hold(row, svc.settings.result_retention)
     if keeps:
         session.commit()
