@@ -106,18 +106,21 @@ class Settings:
     input_ttl: float
     data_uri_max_bytes: int
     # LoRA adapters (app/adapters.py, workers/adapters.py): the largest upload; the bytes
-    # of adapters a worker keeps in CPU memory (LRU) and how many it keeps loaded in each
-    # model's pipeline.
+    # of adapters a worker keeps in CPU memory (LRU), and the bytes and count of those it
+    # keeps loaded in each model's pipeline, on its device (LRU).
     adapter_max_bytes: int
     adapter_cache_bytes: int
+    adapter_device_bytes: int
     adapter_slots: int
     # Warmth (docs/fair-share.md): how many times the fair choice may be passed over for
     # a job whose weights a worker holds (0: warmth ignored), and by how many weighted
     # GPU-seconds of recent use the warm job's tenant may be ahead of the fairest.
     warm_max_skips: int
-    # Loaded pipelines a worker process holds at most (LRU; 0: every served model, loaded
-    # at start).
+    # Loaded pipelines a worker process holds at most (LRU; 0: no bound in count), and the
+    # bytes their weights may take on its device (0: on a GPU, 70 % of its memory; on the
+    # CPU, no bound). The served models that fit are loaded at start, others when needed.
     worker_max_models: int
+    worker_model_bytes: int
     warm_share_slack: float
     http_keepalive: float
     max_attempts: int
@@ -133,6 +136,9 @@ class Settings:
     celery_config: str
     publish_timeout: float
     relay_after: float
+    # An idle worker whose queues hold jobs published this long ago reopens its broker
+    # connection, then has them published again (workers/stranded.py); 0: never.
+    stranded_after: float
     api_bind: str
     device: str
     log_level: str
@@ -275,9 +281,11 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         data_uri_max_bytes=_int(env, "DIFFQ_DATA_URI_MAX_BYTES", 256 * 1024),
         adapter_max_bytes=_int(env, "DIFFQ_ADAPTER_MAX_BYTES", 512 * 1024 * 1024),
         adapter_cache_bytes=_int(env, "DIFFQ_ADAPTER_CACHE_BYTES", 4 * 1024 * 1024 * 1024),
-        adapter_slots=_int(env, "DIFFQ_ADAPTER_SLOTS", 8),
-        warm_max_skips=_int(env, "DIFFQ_WARM_MAX_SKIPS", 4),
+        adapter_device_bytes=_int(env, "DIFFQ_ADAPTER_DEVICE_BYTES", 1024 * 1024 * 1024),
+        adapter_slots=_int(env, "DIFFQ_ADAPTER_SLOTS", 16),
+        warm_max_skips=_int(env, "DIFFQ_WARM_MAX_SKIPS", 8),
         worker_max_models=_int(env, "DIFFQ_WORKER_MAX_MODELS", 0),
+        worker_model_bytes=_int(env, "DIFFQ_WORKER_MODEL_BYTES", 0),
         warm_share_slack=_float(env, "DIFFQ_WARM_SHARE_SLACK", 60.0),
         # Idle seconds a client connection is kept open: longer than the load balancer's
         # idle timeout (60 s on most clouds), so the balancer always closes first.
@@ -295,6 +303,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         celery_config=env.get("DIFFQ_CELERY_CONFIG") or "celeryconfig",
         publish_timeout=_float(env, "DIFFQ_PUBLISH_TIMEOUT", 2.0),
         relay_after=_float(env, "DIFFQ_RELAY_AFTER", 5.0),
+        stranded_after=_float(env, "DIFFQ_STRANDED_AFTER", 60.0),
         api_bind=env.get("DIFFQ_API_BIND") or "127.0.0.1:8000",
         device=env.get("DIFFQ_DEVICE") or "auto",
         log_level=env.get("DIFFQ_LOG_LEVEL") or "INFO",

@@ -2,15 +2,17 @@
 with the fair choice preferring warm jobs and with warmth ignored, in one run.
 
     .venv/bin/python -m bench.adapters [--jobs 120] [--steps 2]
+        [--memory-adapters 4] [--device-adapters 2]
 
 Two CPU workers on one queue serving 3 tiny models (distinct weights), each worker
-holding one loaded model at a time (DIFFQ_WORKER_MAX_MODELS=1), 4 adapters in memory
-and 2 in each pipeline. The workload is submitted at once: each job's model is drawn
-Zipf(1.1) over the 3 models and its adapter Zipf(1.1) over 20, from 3 busy tenants; a
-fourth, rare tenant sends every 10th job with the rarest adapter. Baseline: the same
-workload (same draws) with DIFFQ_WARM_MAX_SKIPS=0, in the same invocation. Loads are
-counted from the workers' logs: models loaded after start, adapters read from the
-store, adapters loaded into a pipeline.
+holding one loaded model at a time (DIFFQ_WORKER_MODEL_BYTES: room for one model's
+weights), 4 adapters' bytes in memory (DIFFQ_ADAPTER_CACHE_BYTES) and 2 adapters' bytes
+in each pipeline (DIFFQ_ADAPTER_DEVICE_BYTES). The workload is submitted at once: each
+job's model is drawn Zipf(1.1) over the 3 models and its adapter Zipf(1.1) over 20, from
+3 busy tenants; a fourth, rare tenant sends every 10th job with the rarest adapter.
+Baseline: the same workload (same draws) with DIFFQ_WARM_MAX_SKIPS=0, in the same
+invocation. Loads are counted from the workers' logs: models loaded after start,
+adapters read from the store, adapters loaded into a pipeline.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import requests
 
+from app.config import load_settings
 from bench.report import percentile, print_table
 from testbed.jobs import auth, submit, wait_terminal
 from testbed.processes import ApiServer, start_worker
@@ -79,17 +82,23 @@ def _key(database_url: str, tenant: str) -> str:
     return key
 
 
-def _run(warm: bool, draws: list, steps: int, lora_files: list[bytes], models_dir: Path) -> dict:
+def _run(
+    warm: bool,
+    draws: list,
+    steps: int,
+    lora_files: list[bytes],
+    models_dir: Path,
+    budgets: dict[str, str],
+    max_skips: int,
+) -> dict:
     from kombu import Connection
 
     from app.broker.topology import declare_topology
 
     env = {
-        "DIFFQ_WARM_MAX_SKIPS": "4" if warm else "0",
-        "DIFFQ_WORKER_MAX_MODELS": "1",
-        "DIFFQ_ADAPTER_CACHE_BYTES": str(4 * len(lora_files[0])),
-        "DIFFQ_ADAPTER_SLOTS": "2",
+        "DIFFQ_WARM_MAX_SKIPS": str(max_skips) if warm else "0",
         "DIFFQ_PROGRESS_INTERVAL": "0.5",
+        **budgets,
     }
     with tempfile.TemporaryDirectory() as tmp:
         models_file = Path(tmp) / "pool.toml"
@@ -172,16 +181,37 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=120)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--memory-adapters", type=int, default=4, help="adapters' bytes in memory")
+    parser.add_argument(
+        "--device-adapters", type=int, default=2, help="adapters' bytes per pipeline"
+    )
+    parser.add_argument(
+        "--max-skips", type=int, default=load_settings({"DIFFQ_SECRET_KEY": "-"}).warm_max_skips
+    )
     args = parser.parse_args()
+    from safetensors.torch import load
+
+    from app.catalog import tiny_spec
+    from workers.footprint import estimate_bytes
     from workers.tiny import build_tiny_lora, build_tiny_model
 
     draws = workload(args.jobs)
     lora_files = [build_tiny_lora(seed) for seed in range(ADAPTERS)]
+    on_device = sum(t.numel() * 4 for t in load(lora_files[0]).values())  # float32
     with tempfile.TemporaryDirectory() as tmp:
         models_dir = Path(tmp)
         for seed, name in enumerate(MODELS):
             build_tiny_model(models_dir / name, seed=seed)
-        rows = [_run(warm, draws, args.steps, lora_files, models_dir) for warm in (False, True)]
+        model_bytes = estimate_bytes(tiny_spec(models_dir / MODELS[0]), 4)
+        budgets = {
+            "DIFFQ_WORKER_MODEL_BYTES": str(int(model_bytes * 1.5)),  # one model, not two
+            "DIFFQ_ADAPTER_CACHE_BYTES": str(args.memory_adapters * len(lora_files[0])),
+            "DIFFQ_ADAPTER_DEVICE_BYTES": str(args.device_adapters * on_device),
+        }
+        rows = [
+            _run(warm, draws, args.steps, lora_files, models_dir, budgets, args.max_skips)
+            for warm in (False, True)
+        ]
     base = rows[0]
     ratios = {
         "model loads ratio": "model loads/100",
@@ -192,9 +222,14 @@ def main() -> None:
     for row in rows:
         for name, column in ratios.items():
             row[name] = row[column] / base[column] if base[column] else float("nan")
+    # Each model-adapter pair the run names must be loaded into a pipeline at least once.
+    pairs = len({(model, adapter) for _, model, adapter in draws})
     print_table(
         f"Warm weights: {args.jobs} jobs (Zipf over 3 models and {ADAPTERS} adapters), "
-        f"2 CPU workers, tiny model, {args.steps} steps",
+        f"2 CPU workers, tiny model, {args.steps} steps; each worker holds 1 model, "
+        f"{args.memory_adapters} adapters in memory, {args.device_adapters} per pipeline; "
+        f"DIFFQ_WARM_MAX_SKIPS={args.max_skips}; {pairs} model-adapter pairs named "
+        f"(the floor of adapter loads: {100 * pairs / len(draws):.2f}/100)",
         rows,
         [
             "warmth",

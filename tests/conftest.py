@@ -2,17 +2,24 @@
 
 Each session creates its own database, vhost and S3 server, so it can run beside
 anything else on the machine; everything is removed at the end.
+
+scripts/test runs the suite in two pytest-xdist processes (`-n 2 --dist loadscope`): the
+fault scenarios (tests/faults, on their own private brokers and databases) in one, the
+rest in the other, each in the order a single process runs them. The fault figures each
+process gathers are reported once, by the process that started them.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 import pytest
 
 from testbed.processes import ApiServer, ManagedProcess, start_worker
 from testbed.stack import Stack, start_stack
+from tests.faults.harness import REPORT, Figures, write_report
 
 
 @pytest.fixture(scope="session")
@@ -80,3 +87,43 @@ def other_key(db) -> str:
     with db.session() as session:
         tenant = get_or_create_tenant(session, f"o-{uuid.uuid4().hex[:12]}")
         return create_key(session, tenant, "other")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """scripts/test's two processes: the fault scenarios (tests/faults) in one, the rest
+    in the other, each in collection order. A scheduler of our own rather than
+    `xdist_group` marks: xdist 3.8 groups by rewriting each test's node id, which pytest
+    9 no longer reads, so the marks spread every test over both processes (two fault
+    stacks and two quorum clusters at once on two cores)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FaultsApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "faults" if nodeid.startswith("tests/faults/") else "main"
+
+    return FaultsApart(config, log)
+
+
+def pytest_sessionfinish(session) -> None:
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:  # a pytest-xdist worker: its fault figures go to the controller
+        output["fault_figures"] = [fig.plain() for fig in REPORT]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist's controller: a worker ended; keep the fault figures it gathered."""
+    for data in getattr(node, "workeroutput", {}).get("fault_figures", ()):
+        REPORT.append(Figures.from_plain(data))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if not REPORT or hasattr(config, "workeroutput"):
+        return
+    path = Path(config.rootpath) / ".test-runs" / "faults.txt"
+    path.parent.mkdir(exist_ok=True)
+    write_report(path)
+    terminalreporter.section("fault scenarios")
+    for line in path.read_text().splitlines():
+        terminalreporter.write_line(line)

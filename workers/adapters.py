@@ -5,11 +5,13 @@
   (DIFFQ_ADAPTER_CACHE_BYTES). Read and checked against its digest once; after that a
   job's adapter costs no store read and no parse.
 - `PipelineAdapters`, one per loaded model: the adapters loaded into its pipeline (on
-  its device), up to DIFFQ_ADAPTER_SLOTS, LRU. Loaded from memory with
-  `low_cpu_mem_usage` (the tensors assigned, not copied twice); when the slots are full
-  the least recently used slot is hot-swapped (its weights replaced in place, no new
-  modules), falling back to deleting it and loading anew where a hot swap does not apply
-  (another rank or other layers).
+  its device), an LRU bounded in bytes on the device (DIFFQ_ADAPTER_DEVICE_BYTES, each
+  adapter's tensors at the pipeline's dtype) and in count (DIFFQ_ADAPTER_SLOTS: each
+  named adapter costs PEFT a little on every `set_adapters`). Loaded from memory with
+  `low_cpu_mem_usage` (the tensors assigned, not copied twice); when the pipeline is
+  full the least recently used adapters go, the last of them hot-swapped (its weights
+  replaced in place, no new modules), falling back to deleting it and loading anew
+  where a hot swap does not apply (another rank or other layers).
 
 Each call activates exactly its jobs' adapters with their scales (`set_adapters`); a call
 without adapters disables them all, and PEFT then runs the base layers alone: the image
@@ -24,7 +26,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from app.adapters import adapter_key
@@ -107,10 +109,12 @@ class AdapterMemory:
             while len(self._sets) > WARM_SETS:
                 self._sets.popitem(last=False)
 
-    def warm_sets(self) -> tuple[str, ...]:
-        """The adapter sets whose adapters are all in memory now ("" always is)."""
+    def warm_sets(self, where: Container[str] | None = None) -> tuple[str, ...]:
+        """The adapter sets whose adapters are all in memory now, or all in `where` (a
+        pipeline's loaded adapters); "" (no adapters) always is."""
         with self._lock:
-            held = [key for key, shas in self._sets.items() if all(s in self._items for s in shas)]
+            inside = self._items if where is None else where
+            held = [key for key, shas in self._sets.items() if all(s in inside for s in shas)]
         return ("", *held)
 
 
@@ -140,12 +144,16 @@ def _read(rt: WorkerRuntime, tenant_id: Any, lora: Lora) -> bytes:
 
 
 class PipelineAdapters:
-    """The adapters loaded into one model's pipeline, by digest, in named slots (LRU).
-    Used under the model's lock (workers/call.py)."""
+    """The adapters loaded into one model's pipeline, by digest, in named slots (LRU),
+    at most `capacity` of them and `max_bytes` of their tensors on the device (0: no
+    bound in bytes; one adapter is always let in). Used under the model's lock
+    (workers/call.py)."""
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, max_bytes: int = 0) -> None:
         self.capacity = max(1, slots)
+        self.max_bytes = max_bytes
         self._slots: OrderedDict[str, str] = OrderedDict()  # digest -> adapter name
+        self._sizes: dict[str, int] = {}  # digest -> bytes on the device
         self._made = 0
 
     def __contains__(self, sha256: str) -> bool:
@@ -154,6 +162,15 @@ class PipelineAdapters:
     @property
     def loaded(self) -> list[str]:
         return list(self._slots)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self._sizes.values())
+
+    def _full(self, adding: int) -> bool:
+        if len(self._slots) >= self.capacity:
+            return True
+        return self.max_bytes > 0 and self.bytes + adding > self.max_bytes
 
     def activate(
         self, pipeline: Any, loras: tuple[Lora, ...], tensors: Mapping[str, Mapping[str, Any]]
@@ -179,11 +196,20 @@ class PipelineAdapters:
     def _load(self, pipeline: Any, sha256: str, tensors: Mapping[str, Any], keep: set) -> str:
         started = time.perf_counter()
         copy = _on_device(pipeline, tensors)
-        victim = next((s for s in self._slots if s not in keep), None)
+        size = sum(value.numel() * value.element_size() for value in copy.values())
         name = None
-        if len(self._slots) >= self.capacity and victim is not None:
+        # The least recent adapters the call does not use go until this one fits; the
+        # last to go lends its name (and modules) to a hot swap.
+        while self._full(size):
+            victim = next((s for s in self._slots if s not in keep), None)
+            if victim is None:
+                break  # all the call's own: it goes over the bound for this call
+            if name is not None:
+                pipeline.delete_adapters(name)
             name = self._slots.pop(victim)
+            del self._sizes[victim]
             ADAPTER_EVICTIONS.labels("pipeline").inc()
+        if name is not None:
             try:
                 pipeline.load_lora_weights(copy, adapter_name=name, hotswap=True)
             except Exception as exc:  # noqa: BLE001 - another rank or other layers
@@ -196,6 +222,7 @@ class PipelineAdapters:
             name = f"diffq_{self._made}"
             pipeline.load_lora_weights(copy, adapter_name=name, low_cpu_mem_usage=True)
         self._slots[sha256] = name
+        self._sizes[sha256] = size
         seconds = time.perf_counter() - started
         ADAPTER_LOADS.labels("memory").inc()
         ADAPTER_LOAD_DURATION.labels("memory").observe(seconds)

@@ -36,6 +36,12 @@ def set_state(state: str) -> None:
         _state["beat"] = time.monotonic()
 
 
+def consuming() -> bool:
+    """Whether the consumer is connected and its loop turning now."""
+    with _lock:
+        return _state["state"] == "consuming"
+
+
 def health(now: float | None = None) -> tuple[int, dict]:
     """(HTTP status, body) for GET /healthz."""
     with _lock:

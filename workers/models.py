@@ -1,6 +1,8 @@
-"""The models a worker holds: every served model loaded at start (the default), or, with
-DIFFQ_WORKER_MAX_MODELS, at most that many loaded pipelines, least recently used first
-out, a model loaded (and warmed up) when a job needs it.
+"""The models a worker holds: the served models that fit loaded at start, within the
+device's memory budget for weights (DIFFQ_WORKER_MODEL_BYTES: by default 70 % of a GPU's
+memory, no bound on the CPU; workers/footprint.py) and, with DIFFQ_WORKER_MAX_MODELS, at
+most that many pipelines; least recently used first out, room made *before* a model is
+loaded (from its estimated size), a model loaded (and warmed up) when a job needs it.
 
 `ModelCache` is a mapping from model name to `LoadedModel` over the *loaded* models:
 `name in cache` and iteration say what is warm now (the fair choice prefers those jobs:
@@ -14,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import replace
 
 from app.catalog import ModelSpec
@@ -33,13 +35,30 @@ class ModelCache(MutableMapping[str, LoadedModel]):
         served: dict[str, ModelSpec],
         load: Callable[[ModelSpec], LoadedModel],
         capacity: int = 0,
+        budget: int = 0,
+        estimate: Callable[[ModelSpec], int] | None = None,
     ) -> None:
         self.served = served
-        self.capacity = capacity  # loaded pipelines at most (0: every served model)
+        self.capacity = capacity  # loaded pipelines at most (0: no bound in count)
+        self.budget = budget  # bytes of loaded weights at most (0: no bound)
         self._load = load
+        self._estimate = estimate or (lambda _spec: 0)
+        self._sizes: dict[tuple, int] = {}  # weights -> bytes measured when last loaded
         self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()
         self._lock = threading.RLock()
         self.loads = 0
+
+    @classmethod
+    def holding(cls, models: Mapping[str, LoadedModel]) -> ModelCache:
+        """A cache of models already loaded (serving exactly those)."""
+
+        def cannot_load(spec: ModelSpec) -> LoadedModel:
+            raise KeyError(spec.name)
+
+        cache = cls({name: model.spec for name, model in models.items()}, cannot_load)
+        for name, model in models.items():
+            cache[name] = model
+        return cache
 
     def __getitem__(self, name: str) -> LoadedModel:
         with self._lock:
@@ -77,23 +96,62 @@ class ModelCache(MutableMapping[str, LoadedModel]):
                 manifest = {**(shared.manifest or {}), "model": name}
                 self._loaded[name] = replace(shared, spec=spec, manifest=manifest)
                 return self._loaded[name]
-            self._make_room()
+            self._make_room(spec)
             model = self._load(spec)
             self.loads += 1
+            self._sizes[weights_of(spec)] = model.bytes
             self._loaded[name] = model
             return model
 
     def pipelines(self) -> int:
         return len({id(m.pipeline) for m in self._loaded.values()})
 
-    def _make_room(self) -> None:
-        if self.capacity <= 0:
-            return
-        while self._loaded and self.pipelines() >= self.capacity:
+    def held(self) -> list[tuple[str, LoadedModel]]:
+        """The loaded models, least recent first, without making any more recent."""
+        with self._lock:
+            return list(self._loaded.items())
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the loaded weights (each pipeline once)."""
+        return sum({id(m.pipeline): m.bytes for m in self._loaded.values()}.values())
+
+    def size_of(self, spec: ModelSpec) -> int:
+        """The model's bytes: as measured when last loaded here, else estimated."""
+        known = self._sizes.get(weights_of(spec))
+        return known if known is not None else self._estimate(spec)
+
+    def fits(self, name: str) -> bool:
+        """Whether a served model would load now without unloading another."""
+        spec = self.served.get(name)
+        if spec is None or not self._loaded:
+            return spec is not None
+        if self.capacity > 0 and self.pipelines() >= self.capacity:
+            return False
+        return self.budget <= 0 or self.bytes + self.size_of(spec) <= self.budget
+
+    def _over(self, need: int) -> str | None:
+        if self.capacity > 0 and self.pipelines() >= self.capacity:
+            return f"DIFFQ_WORKER_MAX_MODELS={self.capacity}"
+        if self.budget > 0 and self.bytes + need > self.budget:
+            return f"{self.bytes + need} bytes of weights over the budget of {self.budget}"
+        return None
+
+    def _make_room(self, spec: ModelSpec) -> None:
+        need = self.size_of(spec)
+        while self._loaded and (reason := self._over(need)):
             name, model = self._loaded.popitem(last=False)
-            log.info("model %s unloaded (DIFFQ_WORKER_MAX_MODELS=%d)", name, self.capacity)
+            log.info("model %s unloaded for %s (%s)", name, spec.name, reason)
             if not any(m.pipeline is model.pipeline for m in self._loaded.values()):
                 del model
                 from workers.oom import free_accelerator_memory
 
                 free_accelerator_memory()
+        if self.budget > 0 and need > self.budget:
+            log.warning(
+                "model %s: its %d bytes of weights exceed DIFFQ_WORKER_MODEL_BYTES (%d); "
+                "loaded alone",
+                spec.name,
+                need,
+                self.budget,
+            )

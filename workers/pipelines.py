@@ -14,6 +14,7 @@ from app.catalog import ModelSpec
 from app.families import FAMILIES, family_of_pipeline
 from workers.adapters import PipelineAdapters
 from workers.compiled import compile_denoiser
+from workers.footprint import measured_bytes
 from workers.manifest import files_digest, model_digest, model_manifest
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ class LoadedModel:
     compiled: Any = None
     # Seconds the warm-up took: "warm_up" (the first kind), "warm_up WxH" per compile tier.
     warm_seconds: dict[str, float] = field(default_factory=dict)
+    # Bytes of its weights on the device (workers/footprint.py), for the model cache.
+    bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.scheduler is None:
@@ -218,6 +221,7 @@ def load_model(spec: ModelSpec, device: str) -> LoadedModel:
     model = LoadedModel(
         spec, pipeline, device, loaded_seconds - device_seconds, device_seconds, digest, manifest
     )
+    model.bytes = measured_bytes(pipeline)
     compile_denoiser(model)
     return model
 

@@ -9,7 +9,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import MutableMapping
+from collections.abc import Mapping
 
 from app.catalog import Catalog
 from app.jobs.cache import record_model_digest
@@ -19,8 +19,9 @@ from app.jobs.notify import CANCEL_CHANNEL
 from app.services import Services
 from workers.adapters import AdapterMemory
 from workers.devices import configure_cpu_threads, select_device
+from workers.footprint import device_budget, estimate_bytes
 from workers.models import ModelCache
-from workers.pipelines import LoadedModel, load_model, model_identity, warm_up
+from workers.pipelines import LoadedModel, load_model, model_identity, resolve_dtype, warm_up
 from workers.postprocess import PostProcessor
 from workers.record import record
 
@@ -34,7 +35,7 @@ class WorkerRuntime(Services):
         self,
         settings,
         *,
-        models: MutableMapping[str, LoadedModel],
+        models: Mapping[str, LoadedModel],
         device: str,
         owner: str,
         name: str,
@@ -42,7 +43,8 @@ class WorkerRuntime(Services):
         **root_options,
     ) -> None:
         super().__init__(settings, **root_options)
-        self.models = models
+        # The loaded models (workers/models.py); models handed over loaded are held as such.
+        self.models = models if isinstance(models, ModelCache) else ModelCache.holding(models)
         self.device = device
         self.owner = owner
         self.name = name  # the Celery node name (gpu0@host): a label on this worker's metrics
@@ -56,8 +58,8 @@ class WorkerRuntime(Services):
         # LoRA adapters held in CPU memory (workers/adapters.py); each model's pipeline
         # keeps its own loaded ones.
         self.adapter_memory = AdapterMemory(settings.adapter_cache_bytes)
-        for model in models.values():
-            model.adapters.capacity = max(1, settings.adapter_slots)
+        for model in models.values():  # in order: the least recent stays least recent
+            _size_adapters(model, settings)
 
     @property
     def idle_transaction_seconds(self) -> float:
@@ -71,11 +73,17 @@ class WorkerRuntime(Services):
         """What this worker holds warm, for the fair choice (docs/fair-share.md)."""
         if self.settings.warm_max_skips <= 0:
             return None
+        held = self.models.held()
         return Warmth(
-            models=tuple(self.models),
+            models=tuple(name for name, _ in held),
             adapter_sets=self.adapter_memory.warm_sets(),
             max_skips=self.settings.warm_max_skips,
             share_slack=self.settings.warm_share_slack,
+            loaded=tuple(
+                (name, adapter_set)
+                for name, model in held
+                for adapter_set in self.adapter_memory.warm_sets(model.adapters)
+            ),
         )
 
     def hold(self, job_id: uuid.UUID) -> threading.Event:
@@ -116,6 +124,11 @@ class WorkerRuntime(Services):
     def open_permits(self, queue: str):
         """Further messages of `queue` for a batch (where `broker.features.batching`)."""
         return self.broker.permits(self.celery, queue)
+
+
+def _size_adapters(model: LoadedModel, settings) -> None:
+    model.adapters.capacity = max(1, settings.adapter_slots)
+    model.adapters.max_bytes = settings.adapter_device_bytes
 
 
 def _count_from_zero(models: list[str]) -> None:
@@ -167,7 +180,7 @@ def build_runtime(parent: Services, queues: list[str]) -> WorkerRuntime:
     def load(spec) -> LoadedModel:
         model = load_model(spec, device)
         warm_seconds = warm_up(model)
-        model.adapters.capacity = max(1, settings.adapter_slots)
+        _size_adapters(model, settings)
         log.info(
             "model %s loaded on %s in %.2fs, warmed up in %.2fs",
             spec.name,
@@ -178,9 +191,13 @@ def build_runtime(parent: Services, queues: list[str]) -> WorkerRuntime:
         _record_start(spec.name, model)
         return model
 
-    models = ModelCache(served, load, capacity)
-    for name in served:  # each at start, or the first DIFFQ_WORKER_MAX_MODELS of them
-        if capacity <= 0 or models.pipelines() < capacity:
+    def estimate(spec) -> int:
+        return estimate_bytes(spec, resolve_dtype(spec, device).itemsize)
+
+    budget = device_budget(device, settings.worker_model_bytes)
+    models = ModelCache(served, load, capacity, budget, estimate)
+    for name in served:  # each at start, or as many as DIFFQ_WORKER_MAX_MODELS and memory allow
+        if models.fits(name):
             models.get(name)
     # What the result cache keys on, for every served model, loaded now or not.
     digests = {

@@ -79,6 +79,13 @@ class Broker:
         """Further messages of `queue` for a batch (workers/gather.py `PermitSource`)."""
         raise Unsupported(f"the {self.name} broker does not batch")
 
+    def reopen(self, connection: Any) -> bool:
+        """Cut a consumer's connection (a kombu Connection) as a broker restart would, so
+        that the broker takes back every delivery it counts as that consumer's, and the
+        consumer reconnects (workers/stranded.py). False where the backend cannot: the
+        caller has the waiting jobs published again instead."""
+        return False
+
     def readings(self, connect: Any, queues: Iterable[str]) -> Any:
         """A collector of broker gauges for /metrics, or None without `depths`."""
         return None

@@ -209,10 +209,11 @@ _MARK_PUBLISHED = (
     .values(published_at=bindparam("now"))
 )
 # PostgreSQL: one statement alone, its commit not waiting for the WAL flush (a lost mark
-# costs a second publish).
+# costs a second publish); the time on the database's clock, which the stranded-delivery
+# watch compares it with (app/db/clock.py, workers/stranded.py).
 _MARK_PUBLISHED_PG = (
     "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) "
-    "UPDATE jobs SET published_at = %(now)s FROM relaxed "
+    "UPDATE jobs SET published_at = statement_timestamp() FROM relaxed "
     "WHERE id = ANY(%(ids)s::uuid[]) AND published_at IS NULL"
 )
 
@@ -252,7 +253,7 @@ class PublishedMarks:
         try:
             if self.engine.dialect.name == "postgresql":
                 with Session(self.engine) as session:
-                    params = {"ids": [str(i) for i in ids], "now": utcnow()}
+                    params = {"ids": [str(i) for i in ids]}
                     execute_alone(session, _MARK_PUBLISHED_PG, params)
             else:
                 with self.engine.begin() as conn:

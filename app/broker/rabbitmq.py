@@ -5,6 +5,7 @@ management API beside it."""
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -73,6 +74,22 @@ class RabbitMQ(Broker):
 
     def permits(self, celery_app: Any, queue: str) -> BrokerPermits:
         return BrokerPermits(celery_app, queue)
+
+    def reopen(self, connection: Any) -> bool:
+        """Shut the consumer connection's socket down: the broker sees the connection go,
+        returns what its channels held (deliveries that never arrived included), and the
+        consumer's own reconnect (tasks/reconnect.py) opens a fresh one."""
+        # kombu's `connection` property would connect a closed one, from this thread:
+        # only an open connection's socket is shut down.
+        transport = getattr(getattr(connection, "_connection", None), "transport", None)
+        sock = getattr(transport, "sock", None)
+        if sock is None:
+            return False
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            return False  # already gone: the consumer is reconnecting anyway
+        return True
 
     def readings(self, connect: Any, queues: Iterable[str]) -> Any:
         from app.metrics.readings import BrokerReadings

@@ -1,6 +1,8 @@
 """The one clock that times compared across machines are written and read on: the
-database's. Leases (below), and webhook events' due times, which the recording worker
-writes and the delivery worker compares.
+database's. Leases (below); webhook events' due times, which the recording worker
+writes and the delivery worker compares; and a job's publish time (`published_at`),
+which the API or relay writes and an idle worker's stranded-delivery watch compares
+(workers/stranded.py).
 
 A lease is written by a worker and read by the relay's reaper and the operators' requeue,
 on other machines. A worker's own clock may be off or jump (an NTP step, a VM resumed

@@ -10,13 +10,13 @@ of messages never falls below the count of queued jobs, so nothing waits without
 The run records which message started it (`permit_id`), so that a redelivery of that
 message (its worker died) takes the run over, as it would its own job.
 
-Warmth (`Warmth`): a worker that holds some jobs' weights (their model loaded, their
-adapters in memory; failing that, their model) may start such a job instead of a colder
-fair choice, within two bounds: the warm job's tenant is at most `share_slack`
-weighted GPU-seconds ahead of the fairest, and the fair choice is passed over at most
-`max_skips` times (counted on its row), after which it starts on the next message of
-its priority. Priority is never bent: warmth chooses only among jobs of the message's
-priority.
+Warmth (`Warmth`): a worker that holds some jobs' weights (their model loaded with their
+adapters loaded in its pipeline; failing that, their adapters in memory; failing that,
+their model) may start such a job instead of a colder fair choice, within two bounds:
+the warm job's tenant is at most `share_slack` weighted GPU-seconds ahead of the
+fairest, and the fair choice is passed over at most `max_skips` times (counted on its
+row), after which it starts on the next message of its priority. Priority is never
+bent: warmth chooses only among jobs of the message's priority.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, false, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import Job, Tenant
@@ -86,21 +86,33 @@ class Warmth:
     """What a worker holds warm, and how far that may bend the fair choice."""
 
     models: tuple[str, ...]  # models loaded
-    adapter_sets: tuple[str, ...]  # adapter sets whose adapters it holds ("" included)
+    adapter_sets: tuple[str, ...]  # adapter sets whose adapters it holds in memory ("" too)
     max_skips: int  # times a cold fair choice may be passed over (0: warmth ignored)
     share_slack: float  # weighted GPU-seconds the warm tenant may be ahead
+    # (model, adapter set) whose adapters are loaded in that model's pipeline ("" too)
+    loaded: tuple[tuple[str, str], ...] = ()
 
     def level(self, job: Job) -> int:
-        """2: its model and adapters are held; 1: its model only; 0: neither."""
+        """3: its model loaded with its adapters in the pipeline; 2: its model loaded and
+        its adapters in memory; 1: its model only; 0: not even its model."""
         if job.model not in self.models:
             return 0
+        if (job.model, job.adapter_set or "") in self.loaded:
+            return 3
         return 2 if (job.adapter_set or "") in self.adapter_sets else 1
 
     def tiers(self, above: int) -> list[ColumnElement[bool]]:
         """SQL for the jobs warmer than `above`, warmest first."""
         model = Job.model.in_(self.models)
-        tiers = [and_(model, Job.adapter_set.in_(self.adapter_sets)), model]
-        return tiers[: 2 - above]
+        by_model: dict[str, list[str]] = {}
+        for name, adapter_set in self.loaded:
+            by_model.setdefault(name, []).append(adapter_set)
+        in_pipeline = or_(
+            false(),
+            *(and_(Job.model == m, Job.adapter_set.in_(sets)) for m, sets in by_model.items()),
+        )
+        tiers = [in_pipeline, and_(model, Job.adapter_set.in_(self.adapter_sets)), model]
+        return tiers[: 3 - above]
 
 
 def _heads(session: Session, condition: ColumnElement[bool]) -> dict[uuid.UUID, uuid.UUID]:

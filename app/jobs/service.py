@@ -91,13 +91,14 @@ def list_jobs(
 
 
 def mark_published(session: Session, job_id: uuid.UUID) -> None:
-    """Record the broker's confirm. Losing this write in a crash only costs a harmless
-    second publish by the relay, so it does not wait for the WAL flush."""
+    """Record the broker's confirm, on the database's clock. Losing this write in a crash
+    only costs a harmless second publish by the relay, so it does not wait for the WAL
+    flush."""
     relaxed_commit(session)
     session.execute(
         update(Job)
         .where(Job.id == job_id, Job.published_at.is_(None))
-        .values(published_at=utcnow())
+        .values(published_at=clock.now(session))
     )
 
 
@@ -117,6 +118,37 @@ def unpublished_job_ids(
         .limit(limit)
     )
     return list(session.scalars(query))
+
+
+def stranded_job_ids(
+    session: Session, queues: list[str], seconds: float, limit: int = 1000
+) -> list[uuid.UUID]:
+    """Jobs of `queues` published at least `seconds` ago and still queued: asked while a
+    worker of those queues sits idle, their messages are not reaching it
+    (workers/stranded.py). Both times are the database's: a worker whose own clock is
+    ahead would find every queued job old."""
+    query = (
+        select(Job.id)
+        .where(
+            Job.queue.in_(queues),
+            Job.status == JobStatus.QUEUED,
+            Job.published_at < clock.after(session, -seconds),
+        )
+        .order_by(Job.publish_priority.desc(), Job.id)
+        .limit(limit)
+    )
+    return list(session.scalars(query))
+
+
+def unpublish(session: Session, job_ids: list[uuid.UUID]) -> int:
+    """Hand queued jobs back to the outbox: the relay publishes each again (a second
+    message for a job is harmless: the claim runs it once). Returns how many."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id.in_(job_ids), Job.status == JobStatus.QUEUED, Job.published_at.is_not(None))
+        .values(published_at=None)
+    )
+    return result.rowcount
 
 
 def expired_job_ids(session: Session, limit: int = 500) -> list[uuid.UUID]:

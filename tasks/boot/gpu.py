@@ -30,6 +30,7 @@ def start(sender, queues: list[str]) -> None:
     queues, import (never initialise CUDA) before forking, then hook the pool children."""
     global _controller
     from workers import metrics as worker_metrics
+    from workers import stranded
     from workers.pipelines import ModelLoadError, check_model_dir, preimport_components
     from workers.runtime import served_models
 
@@ -63,6 +64,7 @@ def start(sender, queues: list[str]) -> None:
     signals.worker_process_shutdown.connect(release)
     worker_metrics.serve(services().settings)
     declare(sender, queues)
+    stranded.start(sender, services(), queues)  # deliveries the broker strands
     log.info("worker serves models %s from queues %s", names, queues)
 
 

@@ -8,7 +8,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import requests
@@ -39,6 +39,7 @@ FLOORS = {
     "F17b": 1,  # a job canceled mid-batch
     "F18": 4,  # kill -9 mid-job of image-to-image and inpainting jobs (uploaded inputs)
     "F19": 5,  # a batch through 4 kill -9 and a broker restart
+    "F20": 1,  # a job's message stranded with a consumer that does nothing with it
 }
 
 
@@ -65,6 +66,14 @@ class Figures:
     undelivered: int = 0
     recovery_seconds: list[float] = field(default_factory=list)
     notes: str = ""
+
+    def plain(self) -> dict:
+        """The figures as plain data (a worker process hands them to the controller)."""
+        return {**asdict(self), "failed": dict(self.failed)}
+
+    @classmethod
+    def from_plain(cls, data: dict) -> Figures:
+        return cls(**{**data, "failed": Counter(data["failed"])})
 
     def line(self) -> str:
         failed = ",".join(f"{code}={n}" for code, n in sorted(self.failed.items())) or "0"
@@ -193,6 +202,7 @@ class Scenario:
                 fig.failed[row.error_code] += 1
             else:
                 fig.lost += 1
+                print(describe_lost(row, job_id, logs))
             fig.duplicate_generations += max(0, claims[job_id] - 1)
         return fig
 
@@ -206,6 +216,22 @@ class Scenario:
             "(docs/reliability.md) rests on every floor"
         )
         return fig
+
+
+def describe_lost(row, job_id: str, logs: str) -> str:
+    """What a lost job's row and the workers' logs say of it: where to start looking."""
+    if row is None:
+        state = "no row"
+    else:
+        state = ", ".join(
+            f"{name}={getattr(row, name)}"
+            for name in (
+                "status", "attempts", "lease_owner", "lease_expires_at", "published_at",
+                "permit_id", "started_at", "updated_at",
+            )
+        )  # fmt: skip
+    lines = [line for line in logs.splitlines() if job_id in line][-12:]
+    return "\n".join([f"LOST {job_id}: {state}", *(f"  {line}" for line in lines)])
 
 
 def write_report(path: Path) -> None:

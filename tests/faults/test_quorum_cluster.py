@@ -117,6 +117,9 @@ def quorum(fault_stack, tmp_path_factory):
             # A 4 s AMQP heartbeat: a connection to a node that went silent is given up
             # in seconds, and the client fails over to another node.
             "DIFFQ_CELERY_CONFIG": "tests.faults.partition_celeryconfig",
+            # A delivery stranded by a leader change (workers/stranded.py) is taken back
+            # well within the scenario's settling time.
+            "DIFFQ_STRANDED_AFTER": "20",
         }
         db = Database(database_url, pool_size=2)
         stack = dataclasses.replace(

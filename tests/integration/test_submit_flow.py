@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,23 @@ def _reservation_of(db, job_id) -> bool:
             text("SELECT 1 FROM submit_reservations WHERE job_id = :j"), {"j": job_id}
         )
         return found.first() is not None
+
+
+def test_stranded_jobs_are_found_on_the_databases_clock_not_the_askers(db, monkeypatch):
+    """A worker whose clock runs 5 minutes ahead (tests/faults/test_clock_jump.py) must not
+    find a job published a moment ago 'published 60 s ago': the publish is recorded and
+    compared on PostgreSQL's clock (workers/stranded.py)."""
+    tenant_id = _tenant(db)
+    with db.sessions() as session:
+        job = submit_job(session, FakePublisher(True), tenant_id, _request(), NO_CAPS).job
+    wait_until(lambda: _row(db, job.id).published_at is not None, timeout=5)
+    ahead = utcnow() + timedelta(minutes=5)
+    monkeypatch.setattr("app.db.types.utcnow", lambda: ahead)
+    monkeypatch.setattr("app.jobs.service.utcnow", lambda: ahead)
+
+    def stranded(seconds: float) -> list[uuid.UUID]:
+        with db.session() as session:
+            return service.stranded_job_ids(session, [SPEC.queue], seconds)
+
+    assert job.id not in stranded(60)
+    wait_until(lambda: job.id in stranded(0.2), timeout=5)  # and found once that old

@@ -1,5 +1,6 @@
 """Warmth in the fair choice, against PostgreSQL: a worker holding a job's adapters
-starts it before a cold fair choice, at most DIFFQ_WARM_MAX_SKIPS times for that job,
+(loaded in its model's pipeline before merely in memory) starts it before a cold fair
+choice, at most DIFFQ_WARM_MAX_SKIPS times for that job,
 only for a tenant within the share slack, and never across priorities."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.services
 WINDOW = 600.0
 WARM_LORA = (Lora("a" * 64, 1.0),)
 COLD_LORA = (Lora("b" * 64, 1.0),)
+LOADED_LORA = (Lora("c" * 64, 1.0),)
 
 
 def _tenant(session, prefix: str) -> Tenant:
@@ -54,9 +56,15 @@ def _used(session, tenant, queue, seconds: float) -> None:
     )
 
 
+def _set(loras) -> str:
+    return job_request(model="tiny", loras=loras).adapter_set
+
+
 def _warmth(max_skips=2, slack=60.0, models=("tiny",)) -> fairness.Warmth:
-    warm_set = job_request(model="tiny", loras=WARM_LORA).adapter_set
-    return fairness.Warmth(models, ("", warm_set), max_skips, slack)
+    """Held warm: WARM_LORA in memory, LOADED_LORA in memory and in tiny's pipeline."""
+    memory = ("", _set(WARM_LORA), _set(LOADED_LORA))
+    loaded = (("tiny", ""), ("tiny", _set(LOADED_LORA)))
+    return fairness.Warmth(models, memory, max_skips, slack, loaded)
 
 
 def _start(session, queue, warmth) -> Job:
@@ -120,4 +128,17 @@ def test_with_no_job_fully_warm_a_job_of_a_loaded_model_goes_before_a_cold_model
         loaded_model = _queued(session, busy, queue, loras=COLD_LORA)  # its adapter is cold
         assert _start(session, queue, _warmth()).id == loaded_model.id
         assert _start(session, queue, _warmth()).id == cold_model.id  # nothing warm is left
+        session.rollback()
+
+
+def test_adapters_loaded_in_the_pipeline_go_before_adapters_only_in_memory(db):
+    queue = f"gpu.warm-{uuid.uuid4().hex[:8]}"
+    with db.session() as session:
+        rare, busy = _tenant(session, "rare"), _tenant(session, "busy")
+        _used(session, busy, queue, 5.0)  # rare is the fair choice
+        cold = _queued(session, rare, queue, loras=COLD_LORA)
+        in_memory = _queued(session, busy, queue, loras=WARM_LORA)  # older
+        in_pipeline = _queued(session, busy, queue, loras=LOADED_LORA)
+        started = [_start(session, queue, _warmth(max_skips=2)).id for _ in range(3)]
+        assert started == [in_pipeline.id, in_memory.id, cold.id]
         session.rollback()

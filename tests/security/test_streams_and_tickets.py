@@ -79,13 +79,20 @@ def test_a_tenant_at_its_stream_cap_leaves_other_tenants_untouched(guarded_serve
         stream = _sse(server, other, theirs["id"])
         assert stream.status_code == 200
         held.append(stream)
-        assert next(stream.iter_lines(decode_unicode=True)).startswith("retry:")
+        # The line iterator is kept: dropped, it would close the connection under it
+        # (urllib3 closes a chunked read left unfinished), and the stream's slot with it.
+        lines = stream.iter_lines(decode_unicode=True)
+        assert next(lines).startswith("retry:")
         with _ws(server, theirs["id"], auth(other)) as ws:
             assert '"status"' in ws.recv(timeout=10)
         # The process's cap: filled, a third tenant is told so, not the tenant's cap.
+        # (the WebSocket's slot comes back once the server has seen it close)
         while len(held) < PROCESS_STREAMS:
-            extra = _sse(server, other, theirs["id"])
-            assert extra.status_code == 200
+            extra = wait_until(
+                lambda: (r := _sse(server, other, theirs["id"])).status_code == 200 and r,
+                timeout=10,
+                interval=0.3,
+            )
             held.append(extra)
         job3 = _queued(server, third, "third")
         full = _sse(server, third, job3["id"])

@@ -1,6 +1,7 @@
 """A worker's loaded models (workers/models.py): at most DIFFQ_WORKER_MAX_MODELS loaded
-pipelines, least recently used out, a served model loaded when a job needs it, entries
-of the same weights sharing one pipeline."""
+pipelines and at most the device budget of weights in bytes, least recently used out
+(room made before a load, from the model's size), a served model loaded when a job needs
+it, entries of the same weights sharing one pipeline."""
 
 from __future__ import annotations
 
@@ -11,17 +12,24 @@ from app.catalog import tiny_spec
 from workers.models import ModelCache
 from workers.pipelines import LoadedModel
 
+SIZES = {"a": 100, "b": 100, "c": 200, "d": 400}
 
-def _cache(capacity: int):
-    specs = {n: tiny_spec(Path(f"/models/{n}"), name=n, queue="gpu.pool") for n in "abc"}
+
+def _cache(capacity: int, budget: int = 0, estimates: dict | None = None):
+    specs = {n: tiny_spec(Path(f"/models/{n}"), name=n, queue="gpu.pool") for n in "abcd"}
     specs["a2"] = replace(specs["a"], name="a2")  # the same weights as a
     loaded = []
 
     def load(spec):
         loaded.append(spec.name)
-        return LoadedModel(spec, object(), "cpu", 0.0)
+        model = LoadedModel(spec, object(), "cpu", 0.0)
+        model.bytes = SIZES[spec.path.name]
+        return model
 
-    return ModelCache(specs, load, capacity), loaded
+    def estimate(spec):
+        return (estimates or SIZES)[spec.path.name]
+
+    return ModelCache(specs, load, capacity, budget, estimate), loaded
 
 
 def test_at_most_capacity_pipelines_least_recent_out_loaded_when_needed():
@@ -52,3 +60,33 @@ def test_capacity_zero_keeps_every_model():
     for name in ("a", "b", "c"):
         cache.get(name)
     assert sorted(cache) == ["a", "b", "c"] and loaded == ["a", "b", "c"]
+
+
+def test_the_memory_budget_unloads_least_recent_models_before_a_load():
+    cache, loaded = _cache(capacity=0, budget=300)
+    cache.get("a"), cache.get("b")
+    assert cache.bytes == 200 and cache.fits("a2") and not cache.fits("c")
+    cache.get("a")  # b is now the least recent
+    cache.get("c")  # needs 200 of the 300: b goes, a stays
+    assert sorted(cache) == ["a", "c"] and cache.bytes == 300
+    cache.get("b")  # 100 more: a (least recent) goes
+    assert sorted(cache) == ["b", "c"] and cache.bytes == 300
+    assert loaded == ["a", "b", "c", "b"]
+
+
+def test_a_model_over_the_budget_loads_alone_and_the_measured_size_replaces_the_estimate():
+    cache, loaded = _cache(capacity=0, budget=320, estimates={**SIZES, "b": 10})
+    cache.get("a"), cache.get("c")
+    assert cache.fits("b")  # estimated at 10: it would fit beside a and c
+    cache.get("d")  # 400 of a 320 budget: everything else goes, it loads alone
+    assert list(cache) == ["d"] and loaded == ["a", "c", "d"]
+    cache.get("b")  # estimated 10 but over with d: d goes; measured 100 from now on
+    assert list(cache) == ["b"] and cache.size_of(cache.served["b"]) == 100
+
+
+def test_both_bounds_hold_whichever_is_reached_first():
+    cache, _ = _cache(capacity=2, budget=1000)
+    cache.get("a"), cache.get("b")
+    assert not cache.fits("c")  # bytes would fit, the count does not
+    cache.get("c")
+    assert sorted(cache) == ["b", "c"]

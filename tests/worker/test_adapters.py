@@ -39,7 +39,7 @@ def loras():
     return made
 
 
-def _model(slots: int = 8) -> LoadedModel:
+def _model(slots: int = 8, max_bytes: int = 0) -> LoadedModel:
     import torch
 
     torch.set_num_threads(1)
@@ -47,6 +47,7 @@ def _model(slots: int = 8) -> LoadedModel:
     pipeline.set_progress_bar_config(disable=True)
     model = LoadedModel(SPEC, pipeline, "cpu", 0.0)
     model.adapters.capacity = slots
+    model.adapters.max_bytes = max_bytes
     return model
 
 
@@ -128,6 +129,25 @@ def test_a_full_pipeline_swaps_its_least_recent_slot_and_each_adapter_keeps_its_
     # The cached tensors were never handed to the pipeline itself (a hot swap writes into
     # the loaded ones): a fresh worker from the same cache still makes the same image.
     assert _image(_model(), _request(used=[three]), loras) == reference[three]
+
+
+def test_the_pipeline_is_bounded_in_bytes_on_its_device(loras, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="workers.adapters")
+    one, two, three = loras
+    sizes = {sha: sum(t.numel() * t.element_size() for t in loras[sha].values()) for sha in loras}
+    reference = {sha: _image(_model(), _request(used=[sha]), loras) for sha in loras}
+    model = _model(slots=8, max_bytes=sizes[one] + sizes[two])  # two of them, not three
+    caplog.clear()
+    for sha in (one, two, three, one):
+        assert _image(model, _request(used=[sha]), loras) == reference[sha], sha[:8]
+    assert model.adapters.loaded == [three, one]  # one went for three, then two for one
+    assert model.adapters.bytes <= sizes[one] + sizes[two]
+    assert caplog.text.count("loaded into the pipeline") == 4
+    # A call whose own adapters exceed the bound still runs, with all of them.
+    both = _image(model, _request(used=[two, three]), loras)
+    assert both == _image(_model(), _request(used=[two, three]), loras)
 
 
 def test_only_jobs_of_one_adapter_set_share_a_call(loras):
