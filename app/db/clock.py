@@ -2,7 +2,8 @@
 database's. Leases (below); webhook events' due times, which the recording worker
 writes and the delivery worker compares; and a job's publish time (`published_at`),
 which the API or relay writes and an idle worker's stranded-delivery watch compares
-(workers/stranded.py).
+(workers/stranded.py); and a job's started, finished and updated times, written by
+whichever worker ran it and shown to clients beside each other (app/jobs/transitions.py).
 
 A lease is written by a worker and read by the relay's reaper and the operators' requeue,
 on other machines. A worker's own clock may be off or jump (an NTP step, a VM resumed

@@ -44,7 +44,7 @@ def change(session: Session, job_id: uuid.UUID, *conditions: ColumnElement, **va
     row = session.execute(
         update(Job)
         .where(Job.id == job_id, *conditions)
-        .values(version=Job.version + 1, updated_at=utcnow(), **values)
+        .values(version=Job.version + 1, updated_at=clock.now(session), **values)
         .returning(Job.queue, Job.webhook_url, Job.webhook_events)
     ).first()
     if row is None:
@@ -117,7 +117,7 @@ def claim_job(
         Job.attempts == job.attempts,
         status=JobStatus.RUNNING,
         attempts=Job.attempts + 1,
-        started_at=func.coalesce(Job.started_at, now),
+        started_at=func.coalesce(Job.started_at, clock.now(session)),
         lease_owner=owner,
         lease_expires_at=clock.after(session, lease_seconds),
         progress=progress_of("loading", 0, job.request.denoise_steps),
@@ -183,7 +183,7 @@ def finish_succeeded(
         status=JobStatus.SUCCEEDED,
         result={"images": result["images"]},
         progress=progress_of("done", steps, steps),
-        finished_at=now,
+        finished_at=clock.now(session),
         lease_owner=None,
         lease_expires_at=None,
         **cost,
@@ -217,7 +217,7 @@ def finish_failed(
         status=JobStatus.FAILED,
         error_code=code.value,
         error_message=message[:2000],
-        finished_at=utcnow(),
+        finished_at=clock.now(session),
         lease_owner=None,
         lease_expires_at=None,
     )
@@ -241,7 +241,7 @@ def cancel_job(session: Session, job: Job, *, code: ErrorCode, message: str) -> 
         status=JobStatus.CANCELED,
         error_code=code.value,
         error_message=message,
-        finished_at=utcnow(),
+        finished_at=clock.now(session),
         lease_owner=None,
         lease_expires_at=None,
     )
@@ -267,7 +267,7 @@ def cancel_expired(session: Session, job_id: uuid.UUID) -> bool:
         status=JobStatus.CANCELED,
         error_code=ErrorCode.DEADLINE.value,
         error_message="not started before its cancel_after deadline",
-        finished_at=now,
+        finished_at=clock.now(session),
     ):
         return True
     stopped = change(
@@ -278,7 +278,7 @@ def cancel_expired(session: Session, job_id: uuid.UUID) -> bool:
         status=JobStatus.CANCELED,
         error_code=ErrorCode.DEADLINE.value,
         error_message="not finished before its cancel_after deadline",
-        finished_at=now,
+        finished_at=clock.now(session),
         lease_owner=None,
         lease_expires_at=None,
     )
@@ -336,7 +336,7 @@ def reap(session: Session, job: Job, *, max_attempts: int) -> ReapOutcome:
             status=JobStatus.FAILED,
             error_code=ErrorCode.DEAD_LETTERED.value,
             error_message=f"its worker was lost {job.attempts} times (lease expired)",
-            finished_at=utcnow(),
+            finished_at=clock.now(session),
             lease_owner=None,
             lease_expires_at=None,
         )
@@ -399,7 +399,7 @@ def cancel_many(
     if postgres:
         pick = pick.with_for_update()
     ended: list[tuple[uuid.UUID, JobStatus]] = []
-    now = utcnow()
+    now = clock.now(session)
     found = session.execute(pick).all()
     for was in statuses:
         ids = [job_id for job_id, status in found if status == was]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from datetime import UTC, datetime
 
 import pytest
@@ -17,8 +18,13 @@ pytestmark = [pytest.mark.faults, pytest.mark.services]
 def _first_start_after(sc: Scenario, moment: datetime) -> float | None:
     from app.db.models import Job
 
+    # Only the scenario's own jobs: a worker of an earlier scenario whose clock ran ahead
+    # (N7) leaves rows started "in the future".
+    ids = [uuid.UUID(job_id) for job_id in sc.accepted]
     with sc.stack.db.session() as session:
-        first = session.scalar(select(func.min(Job.started_at)).where(Job.started_at > moment))
+        first = session.scalar(
+            select(func.min(Job.started_at)).where(Job.id.in_(ids), Job.started_at > moment)
+        )
     return (first - moment).total_seconds() if first else None
 
 

@@ -140,7 +140,8 @@ def test_a_webhook_event_commits_with_its_change_or_not_at_all(db):
 @pytest.mark.parametrize("skew_hours", [-1, 1])
 def test_leases_follow_the_database_clock_not_the_workers(db, job_id, monkeypatch, skew_hours):
     """A worker whose wall clock is an hour off writes its lease on PostgreSQL's clock:
-    the reaper neither takes a live run (clock behind) nor waits an hour (clock ahead)."""
+    the reaper neither takes a live run (clock behind) nor waits an hour (clock ahead);
+    and the job's started and finished times are the database's, not an hour off."""
     from datetime import timedelta
 
     from sqlalchemy import text
@@ -163,6 +164,16 @@ def test_leases_follow_the_database_clock_not_the_workers(db, job_id, monkeypatc
         assert abs((job.lease_expires_at - db_now).total_seconds() - 30) < 5
         # Not expired on the database's clock, whatever the worker's said.
         assert job_id not in {j.id for j in service.lease_expired_jobs(session)}
+    with db.session() as session:
+        transitions.finish_failed(session, job_id, code=ErrorCode.INTERNAL, message="x", owner="w1")
+    with db.session() as session:
+        db_now = session.scalar(text("SELECT statement_timestamp()"))
+        job = session.get(Job, job_id)
+        # The job's own times too: a client sees them beside its created_at, and a run's
+        # length is finished_at - started_at, whichever worker wrote each.
+        for stamp in (job.started_at, job.finished_at, job.updated_at):
+            assert abs((db_now - stamp).total_seconds()) < 5, (stamp, db_now)
+        assert job.created_at <= job.started_at <= job.finished_at
 
 
 def test_a_row_locked_by_a_frozen_worker_does_not_stall_the_reaper(db, job_id):
