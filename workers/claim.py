@@ -1,12 +1,21 @@
 """Which job a message starts, claimed in PostgreSQL: the run a redelivered message had
 started, the fairest waiting job (weighted fair share: docs/fair-share.md), or the
-message's own job."""
+message's own job.
+
+A redelivered message means its consumer died mid-run, so it takes that run over, unless
+it is stale: its job was handed back to the queue since it was published (the lease
+expired and the reaper requeued it, say), and a later message of the same job may have
+started a run of its own. A stale message is then only a permit, as a fresh one is: the
+run it had started was already taken back, and whatever runs now is someone's live run.
+"""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import TYPE_CHECKING
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.models import Job
@@ -17,6 +26,8 @@ from workers.record import count_failed
 
 if TYPE_CHECKING:
     from workers.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
 
 # Tries to claim a job for one message when other workers keep taking the chosen one.
 CLAIM_TRIES = 5
@@ -31,10 +42,33 @@ def claim_arguments(rt: WorkerRuntime, *, redelivered: bool) -> dict:
     }
 
 
+def stale(session: Session, message_job_id: uuid.UUID, requeues: int | None) -> bool:
+    """Whether a message published with `requeues` is from before its job's last hand-back
+    (None: a message from before the count, read as current)."""
+    if requeues is None:
+        return False
+    now = session.scalar(select(Job.requeues).where(Job.id == message_job_id))
+    return now is not None and requeues < now
+
+
 def claim_for_message(
-    rt: WorkerRuntime, session: Session, message_job_id: uuid.UUID, *, redelivered: bool
+    rt: WorkerRuntime,
+    session: Session,
+    message_job_id: uuid.UUID,
+    *,
+    redelivered: bool,
+    requeues: int | None = None,
 ) -> transitions.Claim:
-    """Claim the job this message should start (see app/jobs/fairness.py)."""
+    """Claim the job this message should start (see app/jobs/fairness.py). `requeues`:
+    the count the message was published with (app/jobs/payload.py)."""
+    if redelivered and stale(session, message_job_id, requeues):
+        log.info(
+            "a redelivered message of job %s is stale (published before the job was handed "
+            "back): a permit, taking over no run",
+            message_job_id,
+            extra={"job_id": str(message_job_id)},
+        )
+        redelivered = False
     claim_args = claim_arguments(rt, redelivered=redelivered)
     started = transitions.run_started_by(session, message_job_id) if redelivered else None
     if started is not None:  # its worker died: take the run over

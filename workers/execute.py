@@ -52,7 +52,9 @@ def execute_job(
         return Outcome(Verdict.DEAD_LETTER, f"invalid message: {exc}")
 
     with rt.db.session() as session:
-        claim = claim_for_message(rt, session, payload.job_id, redelivered=redelivered)
+        claim = claim_for_message(
+            rt, session, payload.job_id, redelivered=redelivered, requeues=payload.requeues
+        )
         if claim.kind == transitions.ClaimKind.EXHAUSTED:
             assert claim.job is not None
             give_up(session, claim.job)

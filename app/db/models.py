@@ -260,6 +260,11 @@ class Job(Base):
     # Times this job, the fair choice, was passed over for a job whose weights the
     # worker held warm (at most DIFFQ_WARM_MAX_SKIPS).
     warm_skips: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    # Times this job was handed back to the queue (its lease expired, an operator's
+    # requeue, a stranded delivery): each message carries the count it was published
+    # with, so that a message redelivered from before a hand-back is known as stale and
+    # never takes over a run that a later message started (workers/claim.py).
+    requeues: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
 
     @property
     def request(self) -> JobRequest:

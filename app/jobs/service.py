@@ -146,7 +146,7 @@ def unpublish(session: Session, job_ids: list[uuid.UUID]) -> int:
     result = session.execute(
         update(Job)
         .where(Job.id.in_(job_ids), Job.status == JobStatus.QUEUED, Job.published_at.is_not(None))
-        .values(published_at=None)
+        .values(published_at=None, requeues=Job.requeues + 1)
     )
     return result.rowcount
 

@@ -348,6 +348,7 @@ def reap(session: Session, job: Job, *, max_attempts: int) -> ReapOutcome:
         status=JobStatus.QUEUED,
         lease_owner=None,
         lease_expires_at=None,
+        requeues=Job.requeues + 1,  # its earlier message, if it comes back, is stale
         published_at=None,
         progress=progress_of("queued"),
     )
@@ -376,6 +377,7 @@ def requeue_by_operator(session: Session, job_id: uuid.UUID, *, stuck_running: b
         started_at=None,
         lease_owner=None,
         lease_expires_at=None,
+        requeues=Job.requeues + 1,
         published_at=None,
         progress=progress_of("queued"),
     )

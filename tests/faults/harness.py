@@ -234,6 +234,18 @@ def describe_lost(row, job_id: str, logs: str) -> str:
     return "\n".join([f"LOST {job_id}: {state}", *(f"  {line}" for line in lines)])
 
 
+def describe_claims(job_ids, logs: str, but: tuple[str, ...] = ()) -> str:
+    """The workers' lines about each of `job_ids` claimed more than once (but `but`):
+    which deliveries ran it, and why each took it."""
+    claims = Counter(re.findall(r"job (\S+) claimed \(attempt", logs))
+    out = []
+    for job_id in job_ids:
+        if claims[job_id] > 1 and job_id not in but:
+            lines = [line for line in logs.splitlines() if job_id in line][-16:]
+            out += [f"CLAIMED {claims[job_id]}x {job_id}", *(f"  {line}" for line in lines)]
+    return "\n".join(out)
+
+
 def write_report(path: Path) -> None:
     lines = [fig.line() for fig in REPORT]
     totals = Figures("TOTAL (without the control)")

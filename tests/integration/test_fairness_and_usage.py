@@ -185,3 +185,82 @@ def test_operators_set_weight_and_quota_from_the_cli(stack, db):
     with db.session() as session:
         tenant = session.scalar(select(Tenant).where(Tenant.name == name))
         assert (tenant.weight, tenant.daily_gpu_seconds) == (3.0, None)
+
+
+def _worker(owner: str):
+    """What the claim reads of a worker runtime."""
+    from types import SimpleNamespace
+
+    settings = SimpleNamespace(
+        max_attempts=5, lease_seconds=30, fair_share=True, fair_share_window=WINDOW
+    )
+    return SimpleNamespace(owner=owner, settings=settings, warmth=lambda: None)
+
+
+def _reaped(db, job_id) -> None:
+    """The job's run lost: its lease lapses and the reaper hands it back to the queue."""
+    with db.session() as session:
+        transitions.claim_job(
+            session, job_id, owner="dead", redelivered=False, max_attempts=5, lease_seconds=30
+        )
+    with db.session() as session:
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(lease_expires_at=utcnow() - timedelta(seconds=5))
+        )
+    with db.session() as session:
+        outcome = transitions.reap(session, session.get(Job, job_id), max_attempts=5)
+        assert outcome == transitions.ReapOutcome.REQUEUED
+    with db.session() as session:  # the relay publishes it again
+        session.execute(update(Job).where(Job.id == job_id).values(published_at=utcnow()))
+
+
+def test_a_stale_redelivery_takes_over_no_run_that_a_later_message_started(db):
+    """The reaper handed job V back; V's next message started K (fair share); then V's
+    first message comes back redelivered (its consumer, frozen past the lease, died). It
+    must not take K over, a live run: it is only a permit now. The later message,
+    redelivered, still takes over the run it started."""
+    from workers.claim import claim_for_message
+
+    queue = f"gpu.fair-{uuid.uuid4().hex[:8]}"
+    with db.session() as session:
+        heavy, light = _tenant(session, "heavy"), _tenant(session, "light")
+        _used(session, heavy, queue, 30.0)
+        [victim] = _queued(session, heavy, queue, 1)
+        [other] = _queued(session, light, queue, 1)
+    _reaped(db, victim.id)
+    with db.session() as session:
+        assert session.get(Job, victim.id).requeues == 1
+        # The relay's new message (published with the count 1) starts the fairer job.
+        claim = claim_for_message(_worker("w2"), session, victim.id, redelivered=False, requeues=1)
+        assert claim.job.id == other.id and claim.job.permit_id == victim.id
+    with db.session() as session:  # the first message (count 0), redelivered
+        stale = claim_for_message(_worker("w3"), session, victim.id, redelivered=True, requeues=0)
+        assert stale.kind == transitions.ClaimKind.CLAIMED and stale.job.id == victim.id
+    with db.session() as session:
+        running = session.get(Job, other.id)
+        assert (running.lease_owner, running.attempts) == ("w2", 1)  # untouched
+        # w2 dies: the message that started its run comes back and takes it over.
+        current = claim_for_message(_worker("w4"), session, victim.id, redelivered=True, requeues=1)
+        assert current.job.id == other.id
+        assert (current.job.lease_owner, current.job.attempts) == ("w4", 2)
+
+
+def test_a_stale_redelivery_leaves_the_jobs_own_later_run_alone(db):
+    from workers.claim import claim_for_message
+
+    queue = f"gpu.fair-{uuid.uuid4().hex[:8]}"
+    with db.session() as session:
+        [job] = _queued(session, _tenant(session, "own"), queue, 1)
+    _reaped(db, job.id)
+    with db.session() as session:
+        claim = claim_for_message(_worker("w2"), session, job.id, redelivered=False, requeues=1)
+        assert claim.job.id == job.id and claim.job.attempts == 2
+    with db.session() as session:
+        stale = claim_for_message(_worker("w3"), session, job.id, redelivered=True, requeues=0)
+        assert stale.kind == transitions.ClaimKind.BUSY
+        assert session.get(Job, job.id).lease_owner == "w2"
+        # A message from before the count (no "requeues") is read as it always was.
+        older = claim_for_message(_worker("w4"), session, job.id, redelivered=True)
+        assert older.kind == transitions.ClaimKind.CLAIMED and older.job.lease_owner == "w4"
