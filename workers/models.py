@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import replace
 
 from app.catalog import ModelSpec
+from app.metrics.instruments import WORKER_MODEL_BUDGET, WORKER_MODEL_BYTES
 from workers.pipelines import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class ModelCache(MutableMapping[str, LoadedModel]):
         self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()
         self._lock = threading.RLock()
         self.loads = 0
+        WORKER_MODEL_BUDGET.set(budget)
+        self._publish()
 
     @classmethod
     def holding(cls, models: Mapping[str, LoadedModel]) -> ModelCache:
@@ -69,10 +72,12 @@ class ModelCache(MutableMapping[str, LoadedModel]):
     def __setitem__(self, name: str, model: LoadedModel) -> None:
         with self._lock:
             self._loaded[name] = model
+            self._publish()
 
     def __delitem__(self, name: str) -> None:
         with self._lock:
             del self._loaded[name]
+            self._publish()
 
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._loaded))
@@ -101,10 +106,15 @@ class ModelCache(MutableMapping[str, LoadedModel]):
             self.loads += 1
             self._sizes[weights_of(spec)] = model.bytes
             self._loaded[name] = model
+            self._publish()
             return model
 
     def pipelines(self) -> int:
         return len({id(m.pipeline) for m in self._loaded.values()})
+
+    def _publish(self) -> None:
+        """diffq_worker_model_bytes: what is loaded now."""
+        WORKER_MODEL_BYTES.set(self.bytes)
 
     def held(self) -> list[tuple[str, LoadedModel]]:
         """The loaded models, least recent first, without making any more recent."""
@@ -141,6 +151,7 @@ class ModelCache(MutableMapping[str, LoadedModel]):
         need = self.size_of(spec)
         while self._loaded and (reason := self._over(need)):
             name, model = self._loaded.popitem(last=False)
+            self._publish()
             log.info("model %s unloaded for %s (%s)", name, spec.name, reason)
             if not any(m.pipeline is model.pipeline for m in self._loaded.values()):
                 del model

@@ -54,6 +54,19 @@ MODEL_START_SECONDS = Gauge(
     ["model", "phase"],
     multiprocess_mode="liveall",
 )
+# What a pool process holds on its device (workers/models.py): the bytes of its loaded
+# models' weights (each pipeline once), and the budget that bounds them (0: none).
+WORKER_MODEL_BYTES = Gauge(
+    "diffq_worker_model_bytes",
+    "Bytes of model weights a worker process holds loaded on its device (each pipeline once)",
+    multiprocess_mode="liveall",
+)
+WORKER_MODEL_BUDGET = Gauge(
+    "diffq_worker_model_budget_bytes",
+    "The bytes of model weights a worker process may hold loaded (DIFFQ_WORKER_MODEL_BYTES "
+    "or 70 % of the GPU; 0: no bound)",
+    multiprocess_mode="liveall",
+)
 GENERATION_DURATION = Histogram(
     "diffq_generation_duration_seconds",
     "Denoising and decoding time of a succeeded job, by model and step count",

@@ -62,16 +62,27 @@ def test_capacity_zero_keeps_every_model():
     assert sorted(cache) == ["a", "b", "c"] and loaded == ["a", "b", "c"]
 
 
+def _gauge(name: str) -> float | None:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name)
+
+
 def test_the_memory_budget_unloads_least_recent_models_before_a_load():
     cache, loaded = _cache(capacity=0, budget=300)
+    assert _gauge("diffq_worker_model_budget_bytes") == 300
+    assert _gauge("diffq_worker_model_bytes") == 0
     cache.get("a"), cache.get("b")
     assert cache.bytes == 200 and cache.fits("a2") and not cache.fits("c")
+    assert _gauge("diffq_worker_model_bytes") == 200
     cache.get("a")  # b is now the least recent
     cache.get("c")  # needs 200 of the 300: b goes, a stays
     assert sorted(cache) == ["a", "c"] and cache.bytes == 300
     cache.get("b")  # 100 more: a (least recent) goes
     assert sorted(cache) == ["b", "c"] and cache.bytes == 300
     assert loaded == ["a", "b", "c", "b"]
+    del cache["c"]  # what the gauge says follows every change
+    assert _gauge("diffq_worker_model_bytes") == cache.bytes == 100
 
 
 def test_a_model_over_the_budget_loads_alone_and_the_measured_size_replaces_the_estimate():
