@@ -256,6 +256,23 @@ def _networks(env: Mapping[str, str], name: str) -> str:
     return raw
 
 
+def _database_url(env: Mapping[str, str], home: Path) -> str:
+    """DIFFQ_DATABASE_URL, or SQLite under DIFFQ_HOME. diffq speaks to PostgreSQL through
+    psycopg2 (its submit path uses the driver's cursor): a URL without a driver
+    (`postgresql://`, `postgres://`) means psycopg2, where SQLAlchemy 2.1 would pick
+    psycopg 3, which is not installed; another driver is refused, naming the variable."""
+    raw = env.get("DIFFQ_DATABASE_URL") or f"sqlite:///{home / 'diffq.sqlite3'}"
+    scheme, _, rest = raw.partition("://")
+    if scheme in ("postgresql", "postgres"):
+        return f"postgresql+psycopg2://{rest}"
+    if scheme.startswith("postgresql+") and scheme != "postgresql+psycopg2":
+        raise ValueError(
+            f"DIFFQ_DATABASE_URL: diffq uses the psycopg2 driver; write postgresql:// "
+            f"or postgresql+psycopg2://, not {scheme}://"
+        )
+    return raw
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     home = Path(env.get("DIFFQ_HOME") or Path.home() / ".diffq").expanduser()
@@ -263,7 +280,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     public_url = _public_url(env)
     return Settings(
         home=home,
-        database_url=env.get("DIFFQ_DATABASE_URL") or f"sqlite:///{home / 'diffq.sqlite3'}",
+        database_url=_database_url(env, home),
         broker_url=env.get("DIFFQ_BROKER_URL") or EMBEDDED_BROKER_URL,
         storage_url=env.get("DIFFQ_STORAGE_URL") or f"file://{home / 'images'}",
         s3_endpoint_url=env.get("DIFFQ_S3_ENDPOINT_URL") or None,

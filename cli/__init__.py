@@ -12,6 +12,7 @@ import os
 import sys
 
 import click
+from sqlalchemy.exc import DBAPIError
 
 from app import logs, services
 from cli import admin, batch, client, operators, serve, up
@@ -60,6 +61,26 @@ def main(argv: list[str] | None = None) -> int:
     except client.Unreachable as exc:
         print(f"diffq: {exc}", file=sys.stderr)
         return 3
+    except DBAPIError as exc:  # an operator's command on a database it cannot use
+        print(f"diffq: {database_problem(exc)}", file=sys.stderr)
+        return 3
     finally:
         services.reset()  # the command's root: its settings and connections end with it
     return result if isinstance(result, int) else 0
+
+
+def database_problem(exc: DBAPIError) -> str:
+    """One line for a database error, naming the database and what to check."""
+    reason = str(exc.orig or exc).strip().splitlines()[0]
+    try:
+        url = services.root().settings.database_url
+    except Exception:  # noqa: BLE001 - the settings themselves may be what failed
+        url = "DIFFQ_DATABASE_URL"
+    where = url.split("@")[-1] if "@" in url else url  # never the password
+    hint = (
+        "run `diffq db upgrade` first (scripts/up does it), or point DIFFQ_HOME or "
+        "DIFFQ_DATABASE_URL at the service's database"
+        if "no such table" in reason or "does not exist" in reason
+        else "is it up, and is DIFFQ_DATABASE_URL right?"
+    )
+    return f"the database at {where} answered: {reason}; {hint}"

@@ -315,3 +315,33 @@ def test_generate_with_lora_adapters(api_server, worker, tenant_key, tmp_path):
     assert job["input"]["loras"][1]["name"] == "ink"
     bad = diffq(api_server, tenant_key, "generate", "x", "--lora", "ink:9")
     assert bad.returncode == 2 and "loras" in bad.stderr
+
+
+def test_an_operators_command_on_a_database_it_cannot_use_is_one_clear_line(tmp_path, stack):
+    """An empty database (never upgraded), a server that is away: one line naming the
+    database (never its password) and what to check, exit 3, no traceback. A plain
+    postgresql:// URL is read as psycopg2's (SQLAlchemy would reach for psycopg 3)."""
+    from testbed.ports import free_port
+
+    def run(env):
+        return subprocess.run(
+            [sys.executable, "-m", "cli", "queues"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **env},
+            cwd=tmp_path,
+        )
+
+    empty = run({"DIFFQ_HOME": str(tmp_path / "home")})
+    assert empty.returncode == 3 and "Traceback" not in empty.stderr, empty.stderr
+    [line] = empty.stderr.strip().splitlines()
+    assert "no such table: jobs" in line and "diffq db upgrade" in line, line
+    away = run({"DIFFQ_DATABASE_URL": f"postgresql://u:hunter2@127.0.0.1:{free_port()}/x"})
+    assert away.returncode == 3 and "Traceback" not in away.stderr, away.stderr
+    [line] = away.stderr.strip().splitlines()
+    assert "Connection refused" in line and "hunter2" not in line, line
+    # The suite's own database, written the way most people write it, answers.
+    plain = stack.database_url.replace("postgresql+psycopg2://", "postgresql://", 1)
+    served = run({"DIFFQ_DATABASE_URL": plain, "DIFFQ_HOME": str(tmp_path / "home")})
+    assert served.returncode == 0 and "QUEUED" in served.stdout, served.stderr

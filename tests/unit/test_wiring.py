@@ -110,3 +110,21 @@ def test_the_operators_commands_are_the_same_on_celery_and_diffq():
         assert registered[name] is diffq.commands[name]
     assert registered["jobs"].commands["requeue"] is registered["requeue"]  # old spelling
     assert diffq.commands["jobs"].commands.keys() >= {"submit", "get", "list", "watch"}
+
+
+@pytest.mark.parametrize(
+    ("given", "used"),
+    [
+        ("postgresql://u:p@db:5432/diffq", "postgresql+psycopg2://u:p@db:5432/diffq"),
+        ("postgres://u:p@db/diffq", "postgresql+psycopg2://u:p@db/diffq"),
+        ("postgresql+psycopg2://u@db/diffq", "postgresql+psycopg2://u@db/diffq"),
+        ("sqlite:////srv/diffq.sqlite3", "sqlite:////srv/diffq.sqlite3"),
+    ],
+)
+def test_a_postgresql_url_without_a_driver_means_psycopg2(tmp_path, given, used):
+    assert load_settings(_env(tmp_path, DIFFQ_DATABASE_URL=given)).database_url == used
+
+
+def test_another_postgresql_driver_is_refused_naming_the_variable(tmp_path):
+    with pytest.raises(ValueError, match=r"DIFFQ_DATABASE_URL.*psycopg2"):
+        load_settings(_env(tmp_path, DIFFQ_DATABASE_URL="postgresql+psycopg://u@db/diffq"))
