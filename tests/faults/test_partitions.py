@@ -38,6 +38,11 @@ WINDOW = float(os.environ.get("DIFFQ_PARTITION_WINDOW", "30"))
 SUBMIT_PERIOD = float(os.environ.get("DIFFQ_PARTITION_SUBMIT_PERIOD", "1.0"))
 HOST_WORKERS = ("fa",)  # the rest of the fleet: one worker on the host
 LONG_JOB = {"steps": 400, "width": 128, "height": 128}  # seconds: partitioned mid-job
+# A job whose upload follows a moment after it is seen generating. The steady load's
+# 16-step jobs can finish within one progress interval on a fast machine (their
+# "denoising" is then never written, so never seen); 96 steps take about a second here
+# and a third of one on a machine three times as fast: seen either way.
+SHORT_JOB = {"steps": 96}
 CONNECTION_LOST = r"Connection to broker lost"
 CONNECTED = r"Connected to amqp://"
 
@@ -106,10 +111,11 @@ def settle_fleet(stack, remote: Remote) -> None:
 def wait_for_remote_job(
     sc: Scenario, remote: Remote, long: bool = True, exclude=(), timeout: float = 180.0
 ):
-    """A job of `sc` that the remote worker is generating: a long one (submitted until one
-    lands there), or one of the steady load's, whose upload comes within a second."""
+    """A job of `sc` that the remote worker is generating: a long one, or a short one
+    whose upload comes within a second (each submitted until one lands there)."""
     deadline = time.monotonic() + timeout
-    next_long = 0.0
+    probe = LONG_JOB if long else SHORT_JOB
+    next_probe = 0.0
     while time.monotonic() < deadline:
         for row in sc.rows().values():
             if (
@@ -120,9 +126,10 @@ def wait_for_remote_job(
                 and (long or row.input.get("steps", 0) < LONG_JOB["steps"])
             ):
                 return row
-        if long and time.monotonic() > next_long:
-            sc.submit(prompt=f"{sc.figures.scenario.split()[0]}-long", **LONG_JOB)
-            next_long = time.monotonic() + 4
+        if time.monotonic() > next_probe:
+            kind = "long" if long else "short"
+            sc.submit(prompt=f"{sc.figures.scenario.split()[0]}-{kind}", **probe)
+            next_probe = time.monotonic() + 4
         time.sleep(0.1)
     raise AssertionError("no job ran on the remote worker")
 

@@ -113,11 +113,13 @@ def test_f18_image_jobs_killed_mid_generation_find_their_inputs_again(fault_stac
     mask = Image.new("L", (128, 96), 0)
     mask.paste(255, (32, 24, 96, 72))
     inline = "data:image/png;base64," + base64.b64encode(png(mask)).decode()
+    # Enough steps that each job's "denoising" is written and seen before it ends, even on
+    # a fast machine (a progress write at most every 0.1 s).
     for i in range(6):
         if i % 2:
-            sc.submit(kind="inpaint", prompt=f"f18-{i}", image=image, mask=inline, steps=16)
+            sc.submit(kind="inpaint", prompt=f"f18-{i}", image=image, mask=inline, steps=64)
         else:
-            sc.submit(kind="img2img", prompt=f"f18-{i}", image=image, strength=0.8, steps=20)
+            sc.submit(kind="img2img", prompt=f"f18-{i}", image=image, strength=0.8, steps=80)
     killed: set[str] = set()
     deadline = time.monotonic() + 240
     while len(killed) < 4 and time.monotonic() < deadline:
