@@ -11,7 +11,8 @@ tenant's key is refused, and a handshake whose `Origin` is not one of
 DIFFQ_PUBLIC_ORIGINS is refused (403) before anything else.
 
 Each open socket holds one gunicorn thread (the event loop below) and one reader thread
-(simple-websocket's, which also sends the pings); no database connection.
+(simple-websocket's, which also sends the pings; their writes take turns,
+app/web/websocket.py); no database connection.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import flask
 from flask import Response, g, request, url_for
 from flask.views import MethodView
 from flask_smorest import abort
-from simple_websocket import ConnectionClosed, Server
+from simple_websocket import ConnectionClosed
 
 from app.jobs import service
 from app.web import tickets
@@ -39,6 +40,7 @@ from app.web.bodies import Blueprint
 from app.web.resources.jobs.events import job_events
 from app.web.services import close_request_session, request_session, services
 from app.web.streams import take_slot
+from app.web.websocket import SerialServer
 
 blp = Blueprint(
     "job_ws", __name__, url_prefix="/v1/jobs", description="Follow a job over a WebSocket."
@@ -200,7 +202,7 @@ class JobWebSocket(MethodView):
             if ticket is not None and not tickets.spend(request_session(), ticket):
                 _refuse_ticket("This ticket was already used; ask for a new one.")
             close_request_session()  # no connection is held while the socket is open
-            ws = Server.accept(
+            ws = SerialServer.accept(
                 request.environ,
                 ping_interval=services().settings.sse_keepalive,
                 receive_bytes=1024,
@@ -218,7 +220,7 @@ class JobWebSocket(MethodView):
         return _Done(ws.mode)
 
 
-def _follow(ws: Server, job_id: uuid.UUID, tenant_id: uuid.UUID, last_seen: int) -> None:
+def _follow(ws: SerialServer, job_id: uuid.UUID, tenant_id: uuid.UUID, last_seen: int) -> None:
     status = None
     for event in job_events(job_id, tenant_id, last_seen):
         if not ws.connected:
