@@ -59,7 +59,8 @@ def test_the_gpu_plan_runs_every_check_within_one_ten_minute_command():
     assert commands[0].endswith("tests/gpu")
     for model in ("sd15", "sdxl"):
         [bench] = [c for c in commands if c.startswith(f"bench.gpu --models {model}")]
-        assert "--steps 20 30" in bench and "--compile" in bench
+        assert "--steps 20" in bench
+    assert any(c.startswith("bench.gpu --models sd15") and "--compile" in c for c in commands)
     assert any("bench.duty --embedded --jobs 100 --seconds 0.5 2" in c for c in commands)
     assert any(c.startswith("bench.batching") for c in commands)
     [cold] = [c for c in commands if c.startswith("bench.cold_start")]
