@@ -62,7 +62,9 @@ def db(stack):
 def flask_app(stack):
     from app.web.factory import create_app
 
-    return create_app()
+    app = create_app()
+    yield app
+    app.extensions["diffq"].close()  # its LISTEN connection, before the database goes
 
 
 @pytest.fixture

@@ -60,6 +60,13 @@ class WorkerRuntime(Services):
         self.adapter_memory = AdapterMemory(settings.adapter_cache_bytes)
         for model in models.values():  # in order: the least recent stays least recent
             _size_adapters(model, settings)
+        # Cancel notifications (PostgreSQL's LISTEN), started by build_runtime.
+        self.cancel_listener: Listener | None = None
+
+    def close(self) -> None:
+        if self.cancel_listener is not None:
+            self.cancel_listener.stop()
+        super().close()
 
     @property
     def idle_transaction_seconds(self) -> float:
@@ -226,5 +233,7 @@ def build_runtime(parent: Services, queues: list[str]) -> WorkerRuntime:
     _count_from_zero(list(served))
     if runtime.db.engine.dialect.name == "postgresql":
         # Cancels reach a running job within one step; elsewhere, at the next progress write.
-        Listener(settings.database_url, [CANCEL_CHANNEL], runtime.on_cancel).start()
+        runtime.cancel_listener = Listener(
+            settings.database_url, [CANCEL_CHANNEL], runtime.on_cancel
+        ).start()
     return runtime

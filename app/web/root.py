@@ -22,3 +22,8 @@ class ApiRoot(root.Services):
     @root.resource
     def streams(self) -> StreamSlots:
         return StreamSlots(self.settings.max_streams, self.settings.max_tenant_streams)
+
+    def close(self) -> None:
+        if self.opened("watcher"):
+            self.watcher.close()
+        super().close()

@@ -62,6 +62,8 @@ class JobWatcher:
         self._lock = threading.Lock()
         self._started = False
         self._versions: dict[uuid.UUID, int] = {}
+        self._stop = threading.Event()
+        self._listener: Listener | None = None
 
     def subscribe(self, job_id: uuid.UUID) -> Subscription:
         self._ensure_started()
@@ -69,6 +71,13 @@ class JobWatcher:
         with self._lock:
             self._by_job[job_id].add(sub)
         return sub
+
+    def close(self) -> None:
+        """Stops the LISTEN connection or the poller: for a process that outlives its API
+        (the tests' in-process apps, whose database is dropped after them)."""
+        self._stop.set()
+        if self._listener is not None:
+            self._listener.stop()
 
     def _follow_queue(self, sub: Subscription, queue: str | None) -> None:
         with self._lock:
@@ -121,14 +130,14 @@ class JobWatcher:
                 return
             self._started = True
         if self._db.engine.dialect.name == "postgresql":
-            Listener(self._db.url, [JOB_CHANNEL], self._on_notify).start()
+            self._listener = Listener(self._db.url, [JOB_CHANNEL], self._on_notify).start()
         else:
             threading.Thread(target=self._poll, name="job-version-poller", daemon=True).start()
 
     def _poll(self) -> None:
         ticks_per_queue_poll = round(QUEUE_POLL_SECONDS / POLL_SECONDS)
         tick = 0
-        while True:
+        while not self._stop.is_set():
             tick += 1
             with self._lock:
                 watched = list(self._by_job)
@@ -145,4 +154,4 @@ class JobWatcher:
             if tick % ticks_per_queue_poll == 0:
                 for queue in queues:
                     self._wake(None, queue)
-            threading.Event().wait(POLL_SECONDS)
+            self._stop.wait(POLL_SECONDS)

@@ -36,7 +36,7 @@ def runtime(stack):
     model = rt.models["tiny"]
     rt.models["tiny"] = replace(model, spec=replace(model.spec, max_batch=4, max_wait_ms=200))
     yield rt
-    rt.db.dispose()
+    rt.close()  # its cancel listener too, before the database goes
     torch.set_num_threads(threads)
 
 

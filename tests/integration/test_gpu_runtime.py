@@ -43,7 +43,7 @@ def runtime(stack):
     torch.set_num_threads(1)
     rt = build_runtime(Services(load_settings()), ["gpu.tiny"])
     yield rt
-    rt.db.dispose()
+    rt.close()  # its cancel listener too, before the database goes
     torch.set_num_threads(threads)
 
 
@@ -244,7 +244,7 @@ def test_a_connection_cut_while_recording_the_model_digest_is_ridden_out(stack, 
         with rt.db.session() as session:
             assert session.scalar(select(ModelDigest.digest).where(ModelDigest.model == "tiny"))
     finally:
-        rt.db.dispose()
+        rt.close()  # its cancel listener too, before the database goes
 
 
 def test_a_pool_process_frozen_mid_transaction_loses_its_session_not_its_jobs_row(runtime):

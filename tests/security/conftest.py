@@ -37,7 +37,9 @@ def guarded_app(stack):
         metrics_cache_ttl=60.0,
         api_metrics_port=9806,
     )
-    return create_app(settings)
+    app = create_app(settings)
+    yield app
+    app.extensions["diffq"].close()  # its LISTEN connection, before the database goes
 
 
 @pytest.fixture
