@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):
-    """Poll until `predicate()` is truthy and return its value; raise TimeoutError if never."""
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = ""):
+    """Poll until `predicate()` is truthy and return its value; raise TimeoutError naming
+    what was awaited (`what`, else the caller's line) if it never is."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value or time.monotonic() > deadline:
             if not value:
-                raise TimeoutError(f"condition not met in {timeout}s")
+                if not what:
+                    caller = sys._getframe(1)
+                    what = f"the condition at {caller.f_code.co_filename}:{caller.f_lineno}"
+                raise TimeoutError(f"{what} not met in {timeout}s (last: {value!r})")
             return value
         time.sleep(interval)
