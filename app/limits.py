@@ -162,12 +162,17 @@ def reserve_queued_slot(
     # SQLite: the INSERT makes later writers wait until this commit.
     relaxed_commit(session)
     session.execute(_RESERVE, {"job_id": job_id, "tenant_id": tenant_id, "created_at": now})
-    taken = session.execute(_TAKEN, {"tenant": tenant_id, "since": since}).scalar_one()
-    if taken > cap:  # its own slot counted
+    if queued_or_reserved(session, tenant_id, since) > cap:  # its own slot counted
         session.rollback()
         return Verdict(False, 10)
     session.commit()
     return Verdict(True)
+
+
+def queued_or_reserved(session: Session, tenant_id: uuid.UUID, since: datetime) -> int:
+    """The tenant's queued jobs plus the slots of its submits in progress (taken after
+    `since`): typed statements, the same on PostgreSQL and SQLite."""
+    return session.execute(_TAKEN, {"tenant": tenant_id, "since": since}).scalar_one()
 
 
 def release_slot(session: Session, job_id: uuid.UUID) -> None:

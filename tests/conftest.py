@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import os
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from testbed.embedded import EmbeddedService
 from testbed.processes import ApiServer, ManagedProcess, start_worker
 from testbed.stack import Stack, start_stack
 from tests.faults.harness import REPORT, Figures, write_report
@@ -47,6 +49,38 @@ def api_server(stack) -> ApiServer:
     server = ApiServer(stack.env, stack.logs).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def embedded(tmp_path_factory) -> EmbeddedService:
+    """`diffq up` on its embedded defaults (SQLite, the filesystem broker, local files),
+    as a newcomer runs it: the second mode every feature's end-to-end test runs in."""
+    service = EmbeddedService(tmp_path_factory.mktemp("embedded")).start()
+    yield service
+    service.stop()
+
+
+@dataclass(frozen=True)
+class Served:
+    """A service to run a test against: `api` has `url` and `port`; `key` is a new
+    tenant's."""
+
+    mode: str
+    api: ApiServer | EmbeddedService
+    key: str
+
+
+@pytest.fixture(params=["production", "embedded"])
+def served(request) -> Served:
+    """The test runs twice: on PostgreSQL, RabbitMQ and S3 (the API under gunicorn and a
+    worker), then on `diffq up`'s embedded stores. Each mode has broken a feature the
+    other passed."""
+    if request.param == "production":
+        api = request.getfixturevalue("api_server")
+        request.getfixturevalue("worker")
+        return Served("production", api, request.getfixturevalue("tenant_key"))
+    up = request.getfixturevalue("embedded")
+    return Served("embedded", up, up.new_key())
 
 
 @pytest.fixture(scope="session")

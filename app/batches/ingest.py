@@ -40,7 +40,7 @@ from app.db.session import execute_alone, portable_json
 from app.db.types import utcnow
 from app.jobs import cache
 from app.jobs.submit import Caps, Refused, Submission, check_quota, job_values, json_value, row_of
-from app.limits import RESERVATION_SECONDS, in_flight, lock_tenant
+from app.limits import RESERVATION_SECONDS, in_flight, lock_tenant, queued_or_reserved
 
 CHUNK = 1000
 MAX_LINES = 0xFFFF  # a line number fits the 16 bits `line_job_id` gives it
@@ -230,14 +230,8 @@ def _reserve(session: Session, tenant_id: uuid.UUID, job_ids: list[uuid.UUID], c
         if caps.max_running > 0:
             admitted = max(0, min(wanted, caps.max_running - in_flight(session, tenant_id)))
         if caps.max_queued > 0:
-            taken = session.execute(
-                text(
-                    "SELECT (SELECT count(*) FROM jobs WHERE tenant_id = :t AND status = 'queued')"
-                    " + (SELECT count(*) FROM submit_reservations"
-                    "    WHERE tenant_id = :t AND created_at > :since)"
-                ),
-                {"t": tenant_id, "since": now - timedelta(seconds=RESERVATION_SECONDS)},
-            ).scalar_one()
+            since = now - timedelta(seconds=RESERVATION_SECONDS)
+            taken = queued_or_reserved(session, tenant_id, since)
             if taken + wanted > caps.max_queued:
                 session.rollback()
                 room = max(0, caps.max_queued - taken)

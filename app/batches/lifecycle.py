@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -83,9 +83,10 @@ def shown_status(batch: Batch, counts: dict[str, int]) -> str:
     return batch.status
 
 
-def cancel(session: Session, batch: Batch) -> int:
+def cancel(session: Session, batch: Batch) -> list[tuple[uuid.UUID, JobStatus]]:
     """Cancel the batch: its queued jobs at once, its running ones at their next step
-    (their workers are told), finished ones kept. Returns the jobs it ended. The caller
+    (their workers are told), finished ones kept. Returns the jobs it ended, each with the
+    status it left (the queued ones' messages can go: `Broker.discard`). The caller
     commits."""
     now = utcnow()
     moved = session.execute(
@@ -94,8 +95,8 @@ def cancel(session: Session, batch: Batch) -> int:
         .values(status="cancelling", cancelling_at=now, updated_at=now)
     ).rowcount
     if not moved and batch.status != "cancelling":
-        return 0
-    return len(_cancel_jobs(session, batch.id))
+        return []
+    return _cancel_jobs(session, batch.id)
 
 
 def _cancel_jobs(session: Session, batch_id: uuid.UUID) -> list:
@@ -107,9 +108,10 @@ def _cancel_jobs(session: Session, batch_id: uuid.UUID) -> list:
     )
 
 
-def expire(session: Session, batch: Batch) -> int:
+def expire(session: Session, batch: Batch) -> list[uuid.UUID]:
     """The completion window ended: the batch's jobs not started yet end canceled with
-    code `expired`; running ones finish. The caller commits."""
+    code `expired`; running ones finish. Returns the jobs it ended (their messages can
+    go: `Broker.discard`). The caller commits."""
     ended = transitions.cancel_many(
         session,
         Job.batch_id == batch.id,
@@ -123,7 +125,7 @@ def expire(session: Session, batch: Batch) -> int:
         .where(Batch.id == batch.id, Batch.expired_at.is_(None))
         .values(expired_at=now, expired=Batch.expired + len(ended), updated_at=now)
     )
-    return len(ended)
+    return [job_id for job_id, _ in ended]
 
 
 def finish(session: Session, batch: Batch) -> bool:
@@ -231,9 +233,15 @@ def open_batches(session: Session, limit: int = 200) -> list[Batch]:
     )
 
 
-def housekeep(session_factory, *, now_factory=utcnow) -> dict[str, int]:
-    """The relay's step for batches: expire what its window ended, end abandoned
-    ingests, record the end of every batch whose lines all ended."""
+def housekeep(
+    session_factory,
+    *,
+    now_factory=utcnow,
+    discard: Callable[[list[uuid.UUID]], object] | None = None,
+) -> dict[str, int]:
+    """The relay's step for batches: expire what its window ended (the expired jobs'
+    messages given to `discard` once committed), end abandoned ingests, record the end of
+    every batch whose lines all ended."""
     done: Counter = Counter()
     with session_factory() as session:
         ids = [batch.id for batch in open_batches(session)]
@@ -257,8 +265,11 @@ def housekeep(session_factory, *, now_factory=utcnow) -> dict[str, int]:
                 and batch.expires_at <= now
                 and batch.expired_at is None
             ):
-                done["expired_jobs"] += expire(session, batch)
+                expired = expire(session, batch)
+                done["expired_jobs"] += len(expired)
                 session.commit()
+                if discard is not None:
+                    discard(expired)
                 session.refresh(batch)
             if finish(session, batch):
                 done["ended"] += 1

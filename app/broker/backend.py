@@ -75,6 +75,12 @@ class Broker:
         the hand-over to post-processing); False where the backend keeps none."""
         return False
 
+    def discard(self, job_ids: Iterable[Any]) -> int:
+        """Remove the waiting messages of jobs cancelled while queued, where the backend
+        can (the embedded broker); elsewhere a worker acks each when it comes (RabbitMQ
+        cannot take a message out of the middle of a queue). Returns how many went."""
+        return 0
+
     def permits(self, celery_app: Any, queue: str) -> Any:
         """Further messages of `queue` for a batch (workers/gather.py `PermitSource`)."""
         raise Unsupported(f"the {self.name} broker does not batch")

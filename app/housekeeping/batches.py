@@ -5,6 +5,7 @@ the purge of ended batches with their jobs after DIFFQ_JOB_RETENTION."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 
 from app.batches import lifecycle
@@ -14,8 +15,12 @@ from app.db.types import utcnow
 log = logging.getLogger(__name__)
 
 
-def batches_pass(db: Database, *, job_retention: float) -> dict[str, int]:
-    done = lifecycle.housekeep(db.session)
+def batches_pass(
+    db: Database, *, job_retention: float, discard: Callable[[list], object] | None = None
+) -> dict[str, int]:
+    """Batches' windows, ends and purge; `discard` takes the expired jobs' waiting
+    messages out of the broker where it can (`Broker.discard`)."""
+    done = lifecycle.housekeep(db.session, discard=discard)
     if job_retention > 0:
         with db.session() as session:
             purged = lifecycle.purge(session, utcnow() - timedelta(seconds=job_retention))

@@ -32,7 +32,8 @@ def relay_pass(
     publish_unpublished(db, publisher, older_than_seconds=settings.relay_after)
     cancel_expired(db)
     promote_starving(db, publisher, aging_seconds=settings.priority_aging)
-    batches_pass(db, job_retention=settings.job_retention)  # before dispatch: their webhooks
+    # Before dispatch: their webhooks.
+    batches_pass(db, job_retention=settings.job_retention, discard=publisher.broker.discard)
     # A delivery worker that vanished holds its event for twice its timeout and a margin.
     dispatch_webhooks(db, publisher, lease_seconds=settings.webhook_timeout * 2 + 30)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import os
@@ -42,10 +43,16 @@ class LocalStorage:
             raise StorageError(f"put {key}: {exc}", transient=True) from exc
 
     def delete(self, key: str) -> None:
+        path = self.path(key)
         try:
-            self.path(key).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
         except OSError as exc:
             raise StorageError(f"delete {key}: {exc}", transient=True) from exc
+        # Its folder (a job's, or an upload's) goes with its last file; one still holding
+        # files, or the root, stays.
+        if path.parent != self.root.resolve():
+            with contextlib.suppress(OSError):
+                path.parent.rmdir()
 
     def get(self, key: str) -> bytes:
         try:

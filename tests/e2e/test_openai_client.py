@@ -1,4 +1,6 @@
-"""The OpenAI Images API (generations and edits) driven by the real `openai` Python client."""
+"""The OpenAI Images API (generations and edits) driven by the real `openai` Python client;
+a generation and the edits on both modes (`served`: production's stores, then `diffq up`'s
+embedded ones)."""
 
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ def strict_api(stack):
     server.stop()
 
 
-def test_urls_for_a_generated_batch_and_the_job_is_listed(api_server, worker, tenant_key):
-    client = _client(api_server.url, tenant_key)
+def test_urls_for_a_generated_batch_and_the_job_is_listed(served):
+    client = _client(served.api.url, served.key)
     answer = client.images.generate(
         model="tiny",
         prompt="an openai client's lighthouse",
@@ -46,7 +48,7 @@ def test_urls_for_a_generated_batch_and_the_job_is_listed(api_server, worker, te
     for image in answer.data:
         download = requests.get(image.url, timeout=10)
         assert download.status_code == 200 and download.content.startswith(PNG_MAGIC)
-    jobs = requests.get(f"{api_server.url}/v1/jobs", headers=auth(tenant_key), timeout=10).json()
+    jobs = requests.get(f"{served.api.url}/v1/jobs", headers=auth(served.key), timeout=10).json()
     assert len(jobs["data"]) == 1
     job = jobs["data"][0]
     assert job["status"] == "succeeded" and job["input"]["num_images"] == 2
@@ -158,7 +160,7 @@ def _far_from(hole, size, margin: int):
 
 
 @pytest.mark.parametrize("with_mask", [True, False])
-def test_images_edit_redraws_the_transparent_part_only(api_server, worker, tenant_key, with_mask):
+def test_images_edit_redraws_the_transparent_part_only(served, with_mask):
     """OpenAI's convention: a fully transparent pixel (of the mask, or without one of the
     image itself) is what to edit. The rest of the picture comes back as it was."""
     import io
@@ -167,7 +169,7 @@ def test_images_edit_redraws_the_transparent_part_only(api_server, worker, tenan
     from PIL import Image
 
     picture, holed = _holed()
-    client = _client(api_server.url, tenant_key)
+    client = _client(served.api.url, served.key)
     if with_mask:
         raw = client.images.with_raw_response.edit(
             image=("picture.png", _png_bytes(picture), "image/png"),
@@ -193,7 +195,7 @@ def test_images_edit_redraws_the_transparent_part_only(api_server, worker, tenan
     assert (made[untouched] == base[untouched]).all()
     assert np.mean(made[30:40, 35:55] != base[30:40, 35:55]) > 0.5
     job_id = raw.headers["diffq-job-id"]
-    job = requests.get(f"{api_server.url}/v1/jobs/{job_id}", headers=auth(tenant_key), timeout=10)
+    job = requests.get(f"{served.api.url}/v1/jobs/{job_id}", headers=auth(served.key), timeout=10)
     assert job.json()["input"]["kind"] == "inpaint"
 
 

@@ -42,6 +42,35 @@ def guarded_app(stack):
     app.extensions["diffq"].close()  # its LISTEN connection, before the database goes
 
 
+@pytest.fixture(scope="session")
+def guarded_embedded_app(stack, tmp_path_factory):
+    """The same guarded API on `diffq up`'s embedded stores (SQLite, the filesystem broker,
+    local files) with the suite's models; `.db` is its database."""
+    from app.config import load_settings
+    from app.db.migrate import upgrade
+    from app.db.session import Database
+    from app.web.factory import create_app
+
+    home = tmp_path_factory.mktemp("embedded-api")
+    settings = load_settings(
+        {"DIFFQ_HOME": str(home), "DIFFQ_MODELS_FILE": stack.env["DIFFQ_MODELS_FILE"]}
+    )
+    upgrade(settings.database_url)
+    settings = replace(
+        settings,
+        auth_failures=5,
+        trusted_proxies=TRUSTED_PROXY,
+        public_url=PUBLIC_URL,
+        public_origins=(PUBLIC_URL,),
+        rate_limit=0,
+    )
+    app = create_app(settings)
+    app.db = Database(settings.database_url)
+    yield app
+    app.db.dispose()
+    app.extensions["diffq"].close()
+
+
 @pytest.fixture
 def guarded(guarded_app):
     return guarded_app.test_client()

@@ -14,6 +14,7 @@ from app.batches import lifecycle
 from app.batches.ingest import create_batch, create_failed
 from app.batches.render import batch_object, result_lines
 from app.db.models import Batch, BatchFile
+from app.jobs.states import JobStatus
 from app.jobs.submit import Caps, Refused
 from app.web.auth import current_tenant, require_api_key, tenant_quota
 from app.web.bodies import Blueprint
@@ -220,8 +221,10 @@ class BatchCancel(MethodView):
         batch = _batch_or_404(batch_id)
         if batch.finished_at is not None:
             abort(409, message=f"The batch has already ended ({batch.status}).")
-        lifecycle.cancel(session, batch)
+        ended = lifecycle.cancel(session, batch)
         session.commit()
+        # Committed: the queued jobs' waiting messages can go (on the embedded broker).
+        services().broker.discard(i for i, was in ended if was == JobStatus.QUEUED)
         session.refresh(batch)
         return _json(_object(batch), 200)
 

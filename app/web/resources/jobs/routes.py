@@ -236,6 +236,8 @@ class JobCancel(MethodView):
         if outcome == transitions.CancelOutcome.ALREADY_FINISHED:
             abort(409, message=f"The job has already {job.status.value}.")
         session.commit()
+        if outcome == transitions.CancelOutcome.CANCELED_QUEUED:
+            services().broker.discard([job.id])  # committed: its waiting message can go
         session.refresh(job)
         return _view(job)
 
