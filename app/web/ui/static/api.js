@@ -22,6 +22,8 @@ export class ApiError extends Error {
     this.status = status;
     this.body = body;
     this.retryAfter = retryAfter ? Number(retryAfter) : null;
+    // Set on the 401 the page answers itself, when no key is saved (nothing was sent).
+    this.noKey = false;
   }
 
   // Validation messages by field name: the body's errors.json or errors.query.
@@ -35,15 +37,38 @@ export function authHeaders(extra = {}) {
   return { Authorization: `Bearer ${apiKey.get()}`, ...extra };
 }
 
+// Without a saved key no request is sent (the API would only count a failure against
+// this address): the caller gets a 401 that says a key is needed.
+function needKey() {
+  if (apiKey.get()) return;
+  const error = new ApiError(401, { message: "An API key is needed." });
+  error.noKey = true;
+  throw error;
+}
+
+// A call with the key in its header; `body` as fetch takes it (a string, a FormData, a
+// File). The answer is the response itself, or an ApiError for a status that is not 2xx.
+export async function send(path, { method = "GET", body, headers = {}, signal } = {}) {
+  needKey();
+  const response = await fetch(path, { method, headers: authHeaders(headers), body, signal });
+  if (!response.ok) await answer(response);
+  return response;
+}
+
 export async function api(path, { method = "GET", body, signal } = {}) {
-  const headers = authHeaders(body === undefined ? {} : { "Content-Type": "application/json" });
-  const response = await fetch(path, {
+  const json = body === undefined ? {} : { "Content-Type": "application/json" };
+  const response = await send(path, {
     method,
-    headers,
+    headers: json,
     body: body === undefined ? undefined : JSON.stringify(body),
     signal,
   });
   return answer(response);
+}
+
+// A multipart form posted to `path` (an upload): the answer's JSON.
+export async function postForm(path, form) {
+  return answer(await send(path, { method: "POST", body: form }));
 }
 
 // An image (a File or Blob) stored with POST /v1/uploads as a multipart form. A refusal
@@ -52,9 +77,8 @@ export async function api(path, { method = "GET", body, signal } = {}) {
 export async function upload(image, field, filename = "image.png") {
   const form = new FormData();
   form.append("file", image, filename);
-  const response = await fetch("/v1/uploads", { method: "POST", headers: authHeaders(), body: form });
   try {
-    return await answer(response);
+    return await postForm("/v1/uploads", form);
   } catch (error) {
     if (!(error instanceof ApiError) || ![413, 415, 422].includes(error.status)) throw error;
     const files = (error.body && error.body.errors && error.body.errors.files) || {};

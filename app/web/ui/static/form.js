@@ -1,4 +1,5 @@
 // The request form: the model's limits shown and the API's 422 messages beside their field.
+import { chosenLoras, fillLoras, offerAdapters, showLoraErrors } from "./adapters.js";
 import { api, ApiError } from "./api.js";
 import { inputSize, pictureFields, showPicture } from "./picture.js";
 
@@ -7,7 +8,8 @@ const FIELDS = [
   "steps", "guidance_scale", "seed", "num_images",
 ];
 const NUMBERS = new Set(["width", "height", "steps", "guidance_scale", "seed", "num_images"]);
-// Every field a 422 may name that the form shows, in the page's order (the first gets focus).
+// Every field a 422 may name that the form shows, in the page's order (the first gets focus;
+// `loras`, the adapters, comes last).
 const ERROR_FIELDS = [
   "prompt", "negative_prompt", "model", "kind", "image", "mask", "mask_blur", "masked_only",
   "strength", "width", "height", "steps", "guidance_scale", "seed", "num_images",
@@ -52,7 +54,8 @@ export function showErrors(fields) {
       control(name).removeAttribute("aria-invalid");
     }
   }
-  return first;
+  const lora = showLoraErrors(fields.loras);
+  return first || lora;
 }
 
 function clearErrors(names) {
@@ -87,6 +90,7 @@ function applyLimits(model, fillDefaults) {
     input("num_images").value = 1;
   }
   offerKinds(model);
+  offerAdapters(model);
   sizeHint();
   setText("hint-steps", `1 to ${limits.max_steps}`);
   setText("hint-guidance_scale", `0 to ${limits.max_guidance}`);
@@ -232,6 +236,8 @@ export function readRequest() {
     if (blur.trim() !== "") body.mask_blur = numberOrText(blur);
     body.masked_only = input("masked_only").checked;
   }
+  const loras = chosenLoras();
+  if (loras.length) body.loras = loras;
   return body;
 }
 
@@ -260,6 +266,7 @@ export function fillForm(params, { newSeed = false } = {}) {
     if (name === "model" || params[name] === undefined) continue;
     input(name).value = params[name] === null ? "" : params[name];
   }
+  fillLoras(params.loras);
   if (newSeed) input("seed").value = "";
   scheduleEstimate();
 }
@@ -304,6 +311,7 @@ function estimateQuery(body) {
   for (const name of ["width", "height", "steps", "num_images"]) {
     if (asked[name] !== undefined) query.set(name, asked[name]);
   }
+  if (body.loras) query.set("loras", body.loras.length);
   return query;
 }
 
@@ -352,7 +360,8 @@ export function hideEstimate() {
   setText("estimate", "");
 }
 
-function edited() {
+// The form changed in a way the estimate may follow (the adapters call it too).
+export function edited() {
   estimateOn = true;
   scheduleEstimate();
 }

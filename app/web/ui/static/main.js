@@ -1,7 +1,9 @@
-// Wires the page together: key, form, the watched job and the recent jobs.
+// Wires the page together: key, form, the watched job, the recent jobs and the batches.
+import { loadAdapters, requestLoras, watchAdapters } from "./adapters.js";
 import { api, ApiError, apiKey } from "./api.js";
+import { loadBatches, watchBatches } from "./batches.js";
 import {
-  fillForm, hideEstimate, loadCatalog, pictureChanged, readJob, showErrors, watchForm,
+  edited, fillForm, hideEstimate, loadCatalog, pictureChanged, readJob, showErrors, watchForm,
 } from "./form.js";
 import { loadJobs, onOpenJob, updateJob } from "./jobs.js";
 import { knownUpload, onPictureChanged, watchPicture } from "./picture.js";
@@ -41,7 +43,10 @@ function report(error) {
     notice(`Something went wrong: ${error.message}`);
     return;
   }
-  if (error.status === 401) {
+  if (error.status === 401 && error.noKey) {
+    askForKey("An API key is needed first. Enter one", ", and save it.");
+    notice("");
+  } else if (error.status === 401) {
     $("key-status").textContent = "The API key was refused; enter a valid one.";
     $("api-key").focus();
     notice("");
@@ -74,21 +79,29 @@ async function refreshJobs(options) {
   if (job) updateJob(job);
 }
 
+// Where a key comes from, said in the key's hint between `lead` and `tail`, the focus on
+// its field.
+function askForKey(lead, tail) {
+  $("key-status").replaceChildren(
+    ...withCode(
+      `${lead}: the one `, { code: "diffq up" }, " printed, or a new one from ",
+      { code: "diffq keys create --tenant NAME" }, tail,
+    ),
+  );
+  $("api-key").focus();
+}
+
 async function start() {
   if (!apiKey.get()) {
-    $("key-status").replaceChildren(
-      ...withCode(
-        "Enter an API key: the one ", { code: "diffq up" }, " printed, or a new one from ",
-        { code: "diffq keys create --tenant NAME" }, ". The models load once it is saved.",
-      ),
-    );
-    $("api-key").focus();
+    askForKey("Enter an API key", ". The models load once it is saved.");
     return;
   }
   $("key-status").textContent = "Key saved in this browser.";
   try {
+    await loadAdapters();
     await loadCatalog();
     await refreshJobs();
+    await loadBatches();
   } catch (error) {
     report(error);
   }
@@ -142,6 +155,8 @@ function again(newSeed) {
   for (const name of IMAGES) {
     if (job.input[name]) body[name] = knownUpload(job.input[name]).id;
   }
+  const loras = requestLoras(job.input.loras);
+  if (loras.length) body.loras = loras;
   if (newSeed) delete body.seed;
   submit(async () => body);
 }
@@ -177,6 +192,8 @@ document.addEventListener("DOMContentLoaded", () => {
   onJobChanged(updateJob);
   onJobFinished(() => refreshJobs().catch(report));
   watchForm();
+  watchAdapters({ onReport: report, onChange: edited });
+  watchBatches({ onReport: report });
   watchPicture();
   onPictureChanged(pictureChanged);
   start();

@@ -1,7 +1,9 @@
 // The job being watched: its state, a progress bar per step, cancel, and its images.
+import { describeLoras, requestLoras } from "./adapters.js";
 import { api, ApiError, local } from "./api.js";
 import { seconds } from "./form.js";
 import { knownUpload } from "./picture.js";
+import { saveBlob } from "./save.js";
 import { follow } from "./stream.js";
 
 const $ = (id) => document.getElementById(id);
@@ -78,14 +80,7 @@ async function download(url, name) {
   try {
     const response = await fetch(url);
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
-    const href = URL.createObjectURL(await response.blob());
-    const link = document.createElement("a");
-    link.href = href;
-    link.download = name;
-    document.body.append(link);
-    link.click();
-    link.remove();
-    setTimeout(() => URL.revokeObjectURL(href), 10000);
+    saveBlob(await response.blob(), name);
   } catch {
     window.open(url, "_blank", "noopener");
   }
@@ -94,9 +89,10 @@ async function download(url, name) {
 function caption(job, image) {
   const input = job.input;
   const strength = input.strength === undefined ? "" : ` · strength ${input.strength}`;
+  const loras = input.loras && input.loras.length ? ` · LoRA ${describeLoras(input.loras)}` : "";
   return (
     `seed ${image.seed} · ${image.width}×${image.height} · ${input.steps} steps${strength} · ` +
-    `guidance ${input.guidance_scale} · ${job.model}`
+    `guidance ${input.guidance_scale} · ${job.model}${loras}`
   );
 }
 
@@ -130,9 +126,12 @@ function inputs(job) {
 }
 
 // Whether "Same again" can send the job's request: its input images are uploads this page
-// knows the ids of.
+// knows the ids of, and its adapters are ones it lists.
 export function repeatable(job) {
-  return ["image", "mask"].every((name) => !job.input[name] || knownUpload(job.input[name]));
+  return (
+    ["image", "mask"].every((name) => !job.input[name] || knownUpload(job.input[name])) &&
+    requestLoras(job.input.loras) !== null
+  );
 }
 
 function showImages(job) {
