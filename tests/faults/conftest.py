@@ -165,6 +165,17 @@ class FaultStack:
             return create_key(session, tenant, "faults")
 
 
+SCENARIO_DEADLINE = 1200  # seconds: a scenario's own waits add up to several minutes
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """A fault scenario's deadline (pytest-timeout) is longer than the suite's: its steady
+    load, its settle and its recovery waits each have their own limits inside it."""
+    for item in items:
+        if item.nodeid.startswith("tests/faults/") and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SCENARIO_DEADLINE))
+
+
 @pytest.fixture(scope="session")
 def fault_stack(tmp_path_factory) -> FaultStack:
     from kombu import Connection

@@ -7,9 +7,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(1200)  # its own command may take 900 s
 def test_the_dry_run_runs_every_step_and_writes_one_report(tmp_path):
     report = tmp_path / "report.md"
     done = subprocess.run(
