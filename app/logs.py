@@ -15,6 +15,11 @@ from typing import Any
 from app.jobs.payload import GENERATE_TASK
 
 JOB_FIELDS = ("job_id", "tenant", "attempt")
+# transformers says once per image processor class that, without torchvision, it falls
+# back to the class's PIL version; diffq needs no torchvision (no image processor runs
+# unless a model keeps its safety checker, and the PIL version serves it).
+TORCHVISION_FALLBACK = "requires torchvision (not installed); falling back to"
+TORCHVISION_FALLBACK_LOGGER = "transformers.utils.import_utils"
 _job: ContextVar[dict[str, Any] | None] = ContextVar("diffq_job", default=None)
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -69,6 +74,29 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+class DropMessages(logging.Filter):
+    """Drops the records whose message contains `text`."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+def quiet_libraries(level: str) -> None:
+    """Libraries' start-up chatter off every diffq process's output: alembic's INFO lines
+    (its plugins set up on import, a migration context per readiness check) below
+    DEBUG, and transformers' torchvision fallback notices always. `diffq db upgrade`
+    shows its migrations itself (cli/admin.py)."""
+    alembic = logging.getLogger("alembic")
+    alembic.setLevel(logging.NOTSET if str(level).upper() == "DEBUG" else logging.WARNING)
+    source = logging.getLogger(TORCHVISION_FALLBACK_LOGGER)
+    if not any(isinstance(f, DropMessages) for f in source.filters):
+        source.addFilter(DropMessages(TORCHVISION_FALLBACK))
+
+
 def formatter(log_format: str) -> logging.Formatter:
     return JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
 
@@ -86,6 +114,7 @@ def apply(logger: logging.Logger, log_format: str, *, keep_text: bool = False) -
 def configure(level: str, log_format: str) -> None:
     """The root logger of a diffq process that is not a Celery worker (a host that
     configured logging already, such as a test runner, keeps its handlers)."""
+    quiet_libraries(level)
     root = logging.getLogger()
     if not root.handlers:
         handler = logging.StreamHandler()

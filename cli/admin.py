@@ -1,10 +1,11 @@
 """Administration: `diffq db upgrade`, `diffq keys create|list|revoke`, `diffq tenants
-show|set`, `diffq webhook-secret`, `diffq model build-tiny`."""
+show|set`, `diffq webhook-secret`, `diffq model build-tiny|build-tiny-lora`."""
 
 from __future__ import annotations
 
 import click
 
+from app.adapters import MAX_RANK
 from app.services import root
 
 
@@ -68,8 +69,12 @@ def db() -> None:
 @db.command("upgrade")
 def db_upgrade() -> int:
     """Apply migrations (alembic upgrade head)."""
+    import logging
+
     from app.db.migrate import upgrade
 
+    # Each migration it runs is said (alembic's INFO lines, quiet in other commands).
+    logging.getLogger("alembic.runtime.migration").setLevel(logging.INFO)
     upgrade(root().settings.database_url)
     print("database schema is at head")
     return 0
@@ -215,6 +220,40 @@ def model_build_tiny(dir, seed, inpainting, family) -> int:
 
     path = build_tiny_model(dir, seed=seed, inpainting=inpainting, family=family)
     print(f"tiny model saved to {path}")
+    return 0
+
+
+@model.command("build-tiny-lora")
+@click.argument("path")
+@click.option("--seed", type=int, default=0, show_default=True, help="weights seed")
+@click.option(
+    "--rank",
+    type=click.IntRange(1, MAX_RANK),
+    default=4,
+    show_default=True,
+    help="the rank of every layer's pair",
+)
+@click.option("--text-encoder", is_flag=True, help="adapt the text encoder's attention too")
+@click.option("--overwrite", is_flag=True, help="replace PATH if it exists")
+def model_build_tiny_lora(path, seed, rank, text_encoder, overwrite) -> int:
+    """Save a random LoRA adapter (.safetensors) for the tiny model to PATH.
+
+    It fits the tiny SD model that `diffq model build-tiny` and `scripts/up` build (a
+    model with lora_family = "tiny"): upload it with POST /v1/adapters and name it in a
+    job's loras. Its weights are noise, as the model's are."""
+    from pathlib import Path
+
+    from workers.tiny import save_tiny_lora
+
+    if Path(path).exists() and not overwrite:
+        raise click.ClickException(f"{path} already exists: name another file, or --overwrite")
+    saved, checked = save_tiny_lora(
+        path, seed=seed, rank=rank, text_encoder=text_encoder, overwrite=overwrite
+    )
+    print(
+        f"tiny LoRA adapter saved to {saved} (family {checked.family}, rank {checked.rank}, "
+        f"{checked.pairs} layers, {len(checked.data)} bytes)"
+    )
     return 0
 
 

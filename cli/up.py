@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import errno
-import logging
+import math
 import os
 import signal
 import socket
@@ -16,12 +16,18 @@ from pathlib import Path
 
 import click
 
+from app import logs
 from app.config import Settings
 from app.services import Services, root
 from cli.serve import api_environment, gunicorn_command, prepare_api_metrics, relay_loop
 from workers.supervisor import ProcessGroup
 
 DEMO_TENANT = "demo"
+# scripts/up exports when it started (Unix time), before it ran scripts/bootstrap, and how
+# many seconds bootstrap spent installing when it installed anything: the banner's time is
+# the whole wait.
+STARTED_ENV = "DIFFQ_UP_STARTED"
+INSTALL_ENV = "DIFFQ_UP_INSTALL_SECONDS"
 # The embedded worker runs tiny jobs: a stop that takes longer than this is stuck.
 STOP_GRACE_SECONDS = 20.0
 
@@ -99,10 +105,47 @@ def cli_lines(url: str, key: str) -> list[str]:
     return lines
 
 
-def banner(url: str, key: str, home: Path, seconds: float) -> str:
+def _seconds(text: str | None) -> float | None:
+    try:
+        value = float(text or "")
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _process_age() -> float:
+    """Seconds since this process started, from Linux's /proc (0 where there is none). A
+    process keeps its start across exec: scripts/up execs `diffq up`."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+        return max(0.0, since_boot - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+
+
+def start_time(environ=os.environ) -> float:
+    """When the wait began (Unix time): scripts/up's start where it says so, else this
+    process's."""
+    now = time.time()
+    exported = _seconds(environ.get(STARTED_ENV))
+    if exported is not None and exported <= now:
+        return exported
+    return now - _process_age()
+
+
+def install_seconds(environ=os.environ) -> float:
+    """Seconds scripts/up's bootstrap spent installing (0: it installed nothing)."""
+    return max(0.0, _seconds(environ.get(INSTALL_ENV)) or 0.0)
+
+
+def banner(url: str, key: str, home: Path, seconds: float, installing: float = 0.0) -> str:
     cli = "".join(f"  {line}\n" for line in cli_lines(url, key))
+    install = f"{installing:.0f} s installing; " if round(installing) > 0 else ""
     return (
-        f"\ndiffq is up in {seconds:.0f} s (embedded: SQLite, local images, filesystem broker)\n"
+        f"\ndiffq is up in {seconds:.0f} s "
+        f"({install}embedded: SQLite, local images, filesystem broker)\n"
         f"  page     {url}/ui\n"
         f"  API      {url}   (docs: {url}/docs)\n"
         f"  API key  {key}\n"
@@ -151,9 +194,10 @@ def up(bind: str | None) -> int:
     """Everything in one command, on the embedded defaults. Ctrl-C stops it."""
     from app.db.migrate import upgrade
 
-    started = time.monotonic()
+    started = start_time()
     svc = root(db_pool_size=1)  # the demo key and the relay's thread share it
     settings = svc.settings
+    logs.quiet_libraries(settings.log_level)
     bind = bind or settings.api_bind
     check_bind(bind)
     settings.home.mkdir(parents=True, exist_ok=True)
@@ -163,9 +207,6 @@ def up(bind: str | None) -> int:
         from workers.tiny import build_tiny_model
 
         build_tiny_model(default.path)
-    # The migrations' own log (a dozen lines on a first start) is noise here; `diffq db
-    # upgrade` still shows it.
-    logging.getLogger("alembic").setLevel(logging.WARNING)
     upgrade(settings.database_url)
     key = _demo_key(svc)
     url = f"http://{bind}"
@@ -202,7 +243,8 @@ def up(bind: str | None) -> int:
     signal.signal(signal.SIGINT, shutdown)
     status = 0
     if _wait_ready(url, children, worker_ready):
-        print(banner(url, key, settings.home, time.monotonic() - started), flush=True)
+        took = time.time() - started
+        print(banner(url, key, settings.home, took, install_seconds()), flush=True)
     else:
         print("diffq: the API or the worker did not start; see the log above", file=sys.stderr)
         status = 1

@@ -3,6 +3,7 @@ and FLUX: workers/tiny_flow.py)."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -150,3 +151,31 @@ def build_tiny_lora(
             for proj in ("q_proj", "k_proj", "v_proj"):
                 pair(f"text_encoder.text_model.encoder.layers.{layer}.self_attn.{proj}", 32, 32)
     return save(tensors)
+
+
+def save_tiny_lora(
+    path: str | Path,
+    seed: int = 0,
+    *,
+    rank: int = 4,
+    text_encoder: bool = False,
+    overwrite: bool = False,
+):
+    """Write `build_tiny_lora`'s adapter to `path` (`diffq model build-tiny-lora`), checked
+    first as `POST /v1/adapters` checks it for a `lora_family = "tiny"` model; return the
+    path and that check (`CheckedAdapter`). A reader never sees half a file."""
+    from app.adapters import FAMILIES, check
+
+    data = build_tiny_lora(seed, rank=rank, text_encoder=text_encoder)
+    checked = check(data, FAMILIES["tiny"], field="file", max_bytes=len(data))
+    out = Path(path)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} already exists")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        staging.write_bytes(data)
+        os.replace(staging, out)
+    finally:
+        staging.unlink(missing_ok=True)
+    return out, checked

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import io
 import pickle
+import subprocess
+import sys
 import uuid
 
+import pytest
 import requests
 from sqlalchemy import func, select
 
@@ -205,3 +208,35 @@ def _rank_mismatch() -> bytes:
     }
     raw = json.dumps(header).encode()
     return struct.pack("<Q", len(raw)) + raw + bytes(3072)
+
+
+@pytest.mark.timeout(600)
+def test_diffq_model_build_tiny_lora_writes_an_adapter_the_tiny_model_takes(tmp_path):
+    """The README's LoRA example starts with this command: the file it writes is what an
+    upload for a `lora_family = "tiny"` model accepts, its weights fixed by the seed."""
+    from app.adapters import FAMILIES, check
+
+    path = tmp_path / "loras" / "style.safetensors"
+
+    def build(*options: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "cli", "model", "build-tiny-lora", str(path), *options],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+
+    made = build("--rank", "8", "--seed", "3")
+    assert made.returncode == 0, made.stderr
+    data = path.read_bytes()
+    checked = check(data, FAMILIES["tiny"], field="file", max_bytes=len(data))
+    assert (checked.rank, checked.pairs) == (8, 24)
+    assert data == build_tiny_lora(3, rank=8)
+    assert f"saved to {path} (family tiny, rank 8, 24 layers, {len(data)} bytes)" in made.stdout
+    refused = build("--seed", "4")
+    assert refused.returncode != 0 and "already exists" in refused.stderr, refused
+    assert path.read_bytes() == data
+    replaced = build("--seed", "4", "--overwrite", "--text-encoder")
+    assert replaced.returncode == 0, replaced.stderr
+    assert path.read_bytes() == build_tiny_lora(4, text_encoder=True)
+    assert list(path.parent.iterdir()) == [path]  # nothing half-written left beside it

@@ -5,7 +5,9 @@ What a reader fills in is filled in the same way: `dq_…` is a real API key, `0
 id of the job the example made last, `whsec_…` the tenant's signing secret; the default
 address `127.0.0.1:8000` becomes the test server's. Nothing else of the code is changed.
 Every fenced block of the two files is either run here or listed in NOT_RUN with the
-reason (and, where it is checked elsewhere, where).
+reason (and, where it is checked elsewhere, where). The examples a reader runs against the
+API run twice (the `served` fixture): against production's stores and against `diffq
+up`'s embedded defaults, which a newcomer meets first.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ RUN = {
     ("docs/clients.md", "import requests"): "test_clients_prefer_wait_from_python",
     ("README.md", "IMG=$(curl -s -X POST"): "test_image_to_image_and_inpainting_curl",
     ("README.md", "cat > prompts.jsonl <<'JSONL'"): "test_the_batch_quick_start",
-    ("README.md", "LORA=$(curl -s -X POST"): "test_lora_adapters_curl",
+    ("README.md", "diffq model build-tiny-lora"): "test_lora_adapters_curl",
     ("README.md", "from diffq.client import Client"): "test_the_python_clients_batch",
     ("docs/clients.md", "# diffq.client (blocking"): "test_the_python_client_beside_curl",
 }
@@ -223,11 +225,11 @@ def _submit(api, key: str, **body) -> str:
 # --- the examples ------------------------------------------------------------------------
 
 
-def test_quick_start_submit_poll_download(api_server, worker, tenant_key, shell, tmp_path):
+def test_quick_start_submit_poll_download(served, shell, tmp_path):
     steps = commands(block("README.md", "KEY=dq_…").text)
     job = None
     for command in steps:
-        code, out, err = shell.run(fill(command, api_server, tenant_key, job))
+        code, out, err = shell.run(fill(command, served.api, served.key, job))
         assert code == 0, (command, out, err)
         if "-X POST" in command:
             answer = json.loads(out)  # -> 202 {"id": …, "status": "queued", "urls": …}
@@ -236,7 +238,7 @@ def test_quick_start_submit_poll_download(api_server, worker, tenant_key, shell,
             assert answer["urls"]["self"].endswith(f"/v1/jobs/{job}")
         elif command.startswith("JOB="):
             # "(while it is queued or running, ask again)": the reader asks until it is done.
-            wait_terminal(api_server.url, tenant_key, job)
+            wait_terminal(served.api.url, served.key, job)
         elif "/images/" not in command and "$JOB" in command:
             answer = json.loads(out)
             assert answer["status"] == "succeeded", answer
@@ -247,22 +249,22 @@ def test_quick_start_submit_poll_download(api_server, worker, tenant_key, shell,
     assert Image.open(tmp_path / "out.png").size == (128, 128)
 
 
-def test_prefer_wait_curl(api_server, worker, tenant_key, shell):
+def test_prefer_wait_curl(served, shell):
     (command,) = commands(block("README.md", "curl -s -X POST http://127.0.0.1:8000").text)
-    shell.run(f"KEY={tenant_key}")
-    code, out, err = shell.run(fill(command, api_server, tenant_key))
+    shell.run(f"KEY={served.key}")
+    code, out, err = shell.run(fill(command, served.api, served.key))
     assert code == 0, err
     job = json.loads(out)
     assert job["status"] == "succeeded", job  # answered finished: it came back within 30 s
     assert job["input"]["steps"] == 8
 
 
-def test_the_event_stream_transcript(api_server, worker, tenant_key, shell):
+def test_the_event_stream_transcript(served, shell):
     b = block("README.md", "$ curl -N ")
     (command,) = [line[2:] for line in b.text.splitlines() if line.startswith("$ ")]
-    job = _submit(api_server, tenant_key, prompt="streamed", steps=20, width=128, height=128)
-    shell.run(f"KEY={tenant_key}")
-    code, out, err = shell.run(fill(command, api_server, tenant_key, job), timeout=90)
+    job = _submit(served.api, served.key, prompt="streamed", steps=20, width=128, height=128)
+    shell.run(f"KEY={served.key}")
+    code, out, err = shell.run(fill(command, served.api, served.key, job), timeout=90)
     assert code == 0, err
     shown = [line for line in b.text.splitlines()[1:] if line and line != "…"]
     assert out.splitlines()[0] == shown[0] == "retry: 2000"
@@ -277,20 +279,20 @@ def test_the_event_stream_transcript(api_server, worker, tenant_key, shell):
     assert any(p.get("stage") == "denoising" and p.get("total_steps") == 20 for p in progress)
 
 
-def test_the_openai_client(api_server, worker, tenant_key):
-    code = fill(block("README.md", "from openai import OpenAI").text, api_server)
-    scope = {"KEY": tenant_key}
+def test_the_openai_client(served):
+    code = fill(block("README.md", "from openai import OpenAI").text, served.api)
+    scope = {"KEY": served.key}
     exec(compile(code, "README.md (openai)", "exec"), scope)
     png = base64.b64decode(scope["image"].data[0].b64_json)
     assert Image.open(io.BytesIO(png)).size == (128, 128)
 
 
-def test_the_websocket_client(api_server, worker, tenant_key):
-    code = fill(block("README.md", "from websockets.exceptions").text, api_server)
-    job = _submit(api_server, tenant_key, prompt="socket", steps=10)
+def test_the_websocket_client(served):
+    code = fill(block("README.md", "from websockets.exceptions").text, served.api)
+    job = _submit(served.api, served.key, prompt="socket", steps=10)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(code, "README.md (websocket)", "exec"), {"KEY": tenant_key, "job_id": job})
+        exec(compile(code, "README.md (websocket)", "exec"), {"KEY": served.key, "job_id": job})
     lines = printed.getvalue().splitlines()
     assert lines[-1] == "job succeeded", lines[-3:]
     messages = [json.loads(line) for line in lines[:-1]]
@@ -298,10 +300,10 @@ def test_the_websocket_client(api_server, worker, tenant_key):
     assert messages[-1]["event"] == "status" and messages[-1]["data"]["status"] == "succeeded"
 
 
-def test_clients_prefer_wait_from_python(api_server, worker, tenant_key):
-    code = fill(block("docs/clients.md", "import requests").text, api_server)
+def test_clients_prefer_wait_from_python(served):
+    code = fill(block("docs/clients.md", "import requests").text, served.api)
     printed = io.StringIO()
-    scope = {"KEY": tenant_key}
+    scope = {"KEY": served.key}
     with contextlib.redirect_stdout(printed):
         exec(compile(code, "docs/clients.md (Prefer: wait)", "exec"), scope)
     assert scope["answer"].status_code == 200, scope["answer"].text
@@ -341,7 +343,7 @@ def _stack_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(("DIFFQ_", "AWS_"))}
 
 
-def test_the_cli_transcript(api_server, worker, tenant_key, shell, tmp_path):
+def test_the_cli_transcript(served, shell, tmp_path):
     """The commands after `$ `, in one shell, from a folder holding the project's .venv
     (as the README's reader's clone does): `source .venv/bin/activate` puts diffq on PATH."""
     b = block("README.md", "$ source .venv/bin/activate")
@@ -351,7 +353,7 @@ def test_the_cli_transcript(api_server, worker, tenant_key, shell, tmp_path):
     for index, line in enumerate(lines):
         if not line.startswith("$ "):
             continue
-        command = fill(line[2:], api_server, tenant_key, job)
+        command = fill(line[2:], served.api, served.key, job)
         code, out, err = shell.run(command)
         shown = []  # the output the README shows under the command
         for following in lines[index + 1 :]:
@@ -438,16 +440,16 @@ def test_the_json_log_line():
     assert list(shown) == list(written), (list(shown), list(written))
 
 
-def test_image_to_image_and_inpainting_curl(api_server, worker, tenant_key, shell, tmp_path):
+def test_image_to_image_and_inpainting_curl(served, shell, tmp_path):
     picture = Image.new("RGB", (96, 64), (40, 120, 200))
     picture.save(tmp_path / "photo.jpg", format="JPEG")
     mask = Image.new("L", (96, 64), 0)
     mask.paste(255, (30, 16, 60, 40))
     mask.save(tmp_path / "mask.png", format="PNG")
-    shell.run(f"KEY={tenant_key}")
+    shell.run(f"KEY={served.key}")
     made = []
     for command in commands(block("README.md", "IMG=$(curl -s -X POST").text):
-        code, out, err = shell.run(fill(command, api_server, tenant_key))
+        code, out, err = shell.run(fill(command, served.api, served.key))
         assert code == 0, (command, out, err)
         if "/v1/jobs" in command:
             answer = json.loads(out)
@@ -455,50 +457,52 @@ def test_image_to_image_and_inpainting_curl(api_server, worker, tenant_key, shel
             made.append(answer)
     assert [job["input"]["kind"] for job in made] == ["img2img", "inpaint"]
     for job in made:
-        done = wait_terminal(api_server.url, tenant_key, job["id"])
+        done = wait_terminal(served.api.url, served.key, job["id"])
         assert done["status"] == "succeeded", done
         assert (done["input"]["width"], done["input"]["height"]) == (96, 64)
 
 
-def test_lora_adapters_curl(api_server, worker, tenant_key, shell, tmp_path):
-    from workers.tiny import build_tiny_lora
-
-    (tmp_path / "watercolor.safetensors").write_bytes(build_tiny_lora(31))
+def test_lora_adapters_curl(served, shell, tmp_path):
+    """The adapter is the one the block's first command makes (diffq on PATH, as after
+    `activate`), uploaded for the default model: the tiny one, in both modes."""
     shell.run(f"cd {tmp_path}")
-    shell.run(f"KEY={tenant_key}")
+    shell.run(f"export KEY={served.key} PATH={ROOT / '.venv' / 'bin'}:$PATH")
     outputs = []
-    for command in commands(block("README.md", "LORA=$(curl -s -X POST").text):
-        code, out, err = shell.run(fill(command, api_server, tenant_key))
+    for command in commands(block("README.md", "diffq model build-tiny-lora").text):
+        code, out, err = shell.run(fill(command, served.api, served.key), timeout=240)
         assert code == 0, (command, out, err)
         outputs.append(out)
-    job = json.loads(outputs[1])
+    made = tmp_path / "watercolor.safetensors"
+    assert made.is_file() and str(made.stat().st_size) in outputs[0], outputs[0]
+    job = json.loads(outputs[2])
     assert job["status"] == "queued" and job["input"]["loras"][0]["scale"] == 0.8, job
-    [adapter] = json.loads(outputs[2])["data"]
+    [adapter] = json.loads(outputs[3])["data"]
+    assert (adapter["family"], adapter["bytes"]) == ("tiny", made.stat().st_size), adapter
     assert (
         adapter["name"] == "watercolor" and job["input"]["loras"][0]["sha256"] == adapter["sha256"]
     )
-    done = wait_terminal(api_server.url, tenant_key, job["id"])
+    done = wait_terminal(served.api.url, served.key, job["id"])
     assert done["status"] == "succeeded", done
 
 
-def test_the_batch_quick_start(api_server, worker, tenant_key, shell, tmp_path):
+def test_the_batch_quick_start(served, shell, tmp_path):
     """The README's batch: its JSON Lines written by the here-document, posted with a
     window and an Idempotency-Key, read, its results, its cancel, then `diffq batch
     submit --wait -o` from the same shell (diffq on PATH, as after `activate`)."""
     shell.run(
-        f"export KEY={tenant_key} DIFFQ_URL={api_server.url} DIFFQ_API_KEY={tenant_key} "
+        f"export KEY={served.key} DIFFQ_URL={served.api.url} DIFFQ_API_KEY={served.key} "
         f"PATH={ROOT / '.venv' / 'bin'}:$PATH"
     )
     batch = None
     for command in commands(block("README.md", "cat > prompts.jsonl <<'JSONL'").text):
         if BATCH_HOLE in command:
             command = command.replace(BATCH_HOLE, batch["id"])
-        code, out, err = shell.run(fill(command, api_server, tenant_key), timeout=240)
+        code, out, err = shell.run(fill(command, served.api, served.key), timeout=240)
         assert code == 0, (command, out, err)
         if "Idempotency-Key: spring-catalogue" in command:
             batch = json.loads(out)
             assert batch["object"] == "batch" and batch["counts"]["total"] == 2, batch
-            _wait_batch(api_server, tenant_key, batch["id"])
+            _wait_batch(served.api, served.key, batch["id"])
         elif command.endswith('/results -H "Authorization: Bearer $KEY"'):
             rows = [json.loads(line) for line in out.splitlines()]
             assert [r["custom_id"] for r in rows] == ["sku-1001", "sku-1002"]
@@ -523,19 +527,19 @@ def _wait_batch(api, key: str, batch_id: str) -> dict:
     raise TimeoutError(batch_id)
 
 
-def test_the_python_clients_batch(api_server, worker, tenant_key):
-    code = fill(block("README.md", "from diffq.client import Client").text, api_server)
-    namespace = {"KEY": tenant_key}
+def test_the_python_clients_batch(served):
+    code = fill(block("README.md", "from diffq.client import Client").text, served.api)
+    namespace = {"KEY": served.key}
     exec(compile(code, "README.md", "exec"), namespace)
     assert namespace["job"]["status"] == "succeeded"
     assert [row["status"] for row in namespace["rows"]] == ["succeeded"]
 
 
-def test_the_python_client_beside_curl(api_server, worker, tenant_key):
+def test_the_python_client_beside_curl(served):
     code = block("docs/clients.md", "# diffq.client (blocking").text
     namespace = {
-        "URL": api_server.url,
-        "KEY": tenant_key,
+        "URL": served.api.url,
+        "KEY": served.key,
         "rows": [(1, "a red sneaker"), (2, "a blue sneaker")],
     }
     with contextlib.redirect_stdout(io.StringIO()) as printed:
@@ -543,4 +547,9 @@ def test_the_python_client_beside_curl(api_server, worker, tenant_key):
     assert namespace["job"]["status"] == "succeeded"
     assert len(namespace["pngs"]) == 1 and namespace["pngs"][0].startswith(b"\x89PNG")
     assert [r["custom_id"] for r in namespace["results"]] == ["sku-1", "sku-2"]
-    assert "denoising" in printed.getvalue() or "100.0" in printed.getvalue()
+    # The stream's lines: `status None` and `progress <percent>`, ending with the terminal
+    # status. Which progress events a client sees depends on when it reads (a job may end
+    # between two), so none is required.
+    streamed = [line for line in printed.getvalue().splitlines() if not line.startswith("{")]
+    assert streamed and streamed[-1] == "status None", streamed
+    assert all(re.fullmatch(r"status None|progress \d+(\.\d+)?", line) for line in streamed)

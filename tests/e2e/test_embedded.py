@@ -185,4 +185,120 @@ def test_diffq_up_runs_a_job_end_to_end_without_servers(tmp_path):
     assert code == 0, log_path.read_text()[-3000:]
 
 
+# A first start builds the model and warms the worker up; on a loaded 2-core machine that
+# has taken over 2 minutes.
+STARTUP_TIMEOUT = 300
+
+
+def _start_up(home, **env: str) -> tuple[subprocess.Popen, Path]:
+    port = free_port()
+    log_path = home / "up.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "cli", "up", "--bind", f"127.0.0.1:{port}"],
+            env={**_clean_env(home), **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return process, log_path
+
+
+def _stop(process: subprocess.Popen, log_path) -> None:
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        code = process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
+    assert code == 0, log_path.read_text()[-3000:]
+
+
+@pytest.mark.timeout(600)
+def test_a_first_start_prints_no_alembic_info_and_no_torchvision_notices(tmp_path):
+    """A start said 7 lines of alembic's plugins set up, 2 of its migration context per
+    readiness check, and, building the tiny model, transformers' notices that its image
+    processors fall back to PIL without torchvision: none of it is the user's concern."""
+    process, log_path = _start_up(tmp_path)
+    try:
+        banner = _wait_banner(process, log_path, timeout=STARTUP_TIMEOUT)
+        assert "building the tiny demo model" in banner  # the first start: the model is built
+        requests.get(re.search(r"API +(http://\S+)", banner).group(1) + "/readyz", timeout=10)
+    finally:
+        _stop(process, log_path)
+    output = log_path.read_text()
+    # By logger name in diffq's format, by message in Celery's (which names no logger).
+    alembic = re.compile(r"INFO\W+alembic|setup plugin alembic|Context impl |Will assume ")
+    assert [line for line in output.splitlines() if alembic.search(line)] == []
+    assert "torchvision" not in output, [x for x in output.splitlines() if "torchvision" in x]
+
+
+@pytest.mark.timeout(600)
+def test_the_banner_counts_from_the_start_of_scripts_up_and_says_the_install(tmp_path):
+    """scripts/up runs scripts/bootstrap (the install, on a first run) before `diffq up`
+    starts: the banner's time begins at scripts/up's start, and says the install's part."""
+    started = time.time() - 300
+    process, log_path = _start_up(
+        tmp_path, DIFFQ_UP_STARTED=f"{started:.3f}", DIFFQ_UP_INSTALL_SECONDS="271.4"
+    )
+    try:
+        banner = _wait_banner(process, log_path, timeout=STARTUP_TIMEOUT)
+        shown_at = time.time()
+    finally:
+        _stop(process, log_path)
+    took = re.search(r"^diffq is up in (\d+) s \(271 s installing; embedded: ", banner, re.M)
+    assert took, banner[banner.index("diffq is up") :][:200]
+    assert 300 <= int(took.group(1)) <= round(shown_at - started), took.group(0)
+
+
+def _fake_checkout(tmp_path, *, installs: bool) -> Path:
+    """scripts/up in a tree of its own, beside a bootstrap that installs (touching its
+    stamp, as scripts/bootstrap does) or finds everything there, and a `diffq` that
+    prints what it was given."""
+    tree = tmp_path / "checkout"
+    (tree / "scripts").mkdir(parents=True)
+    (tree / ".venv" / "bin").mkdir(parents=True)
+    stamp = tree / ".venv" / ".diffq-installed"
+    stamp.write_text("")
+    (tree / "scripts" / "up").write_bytes((ROOT / "scripts" / "up").read_bytes())
+    (tree / "scripts" / "bootstrap").write_text(
+        "#!/usr/bin/env bash\n"
+        + ("touch .venv/.diffq-installed\n" if installs else "")
+        + "date +%s.%N > bootstrap-ran-at\n"
+    )
+    (tree / ".venv" / "bin" / "diffq").write_text(
+        "#!/usr/bin/env bash\n"
+        'echo "started=${DIFFQ_UP_STARTED:-} install=${DIFFQ_UP_INSTALL_SECONDS:-} args=$*"\n'
+    )
+    for script in ("scripts/up", "scripts/bootstrap", ".venv/bin/diffq"):
+        (tree / script).chmod(0o755)
+    os.utime(stamp, (time.time() - 60, time.time() - 60))
+    return tree
+
+
+@pytest.mark.parametrize("installs", [False, True])
+def test_scripts_up_exports_its_start_and_the_install_it_waited_for(tmp_path, installs):
+    tree = _fake_checkout(tmp_path, installs=installs)
+    before = time.time()
+    result = subprocess.run(
+        [str(tree / "scripts" / "up"), "--bind", "127.0.0.1:9000"],
+        env={**_clean_env(tmp_path), "DIFFQ_UP_INSTALL_SECONDS": "999"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    after = time.time()
+    assert result.returncode == 0, result.stderr
+    shown = re.fullmatch(r"started=(\S+) install=(\S*) args=(.*)\n", result.stdout)
+    assert shown, result.stdout
+    started, install, args = shown.groups()
+    assert args == "up --bind 127.0.0.1:9000"
+    bootstrap_ran = float((tree / "bootstrap-ran-at").read_text())
+    assert before <= float(started) <= bootstrap_ran <= after
+    if installs:
+        assert 0 <= float(install) <= after - float(started) + 0.1
+    else:
+        assert install == ""  # nothing installed: nothing said, whatever the caller had
+
+
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")

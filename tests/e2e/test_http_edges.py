@@ -1,15 +1,21 @@
 """What gunicorn answers by itself, and bodies the parser refuses, through the real server:
-JSON problems like every other answer of the API."""
+JSON problems like every other answer of the API; and its access log's byte counts."""
 
 from __future__ import annotations
 
+import io
 import json
+import re
 import socket
+import uuid
 
 import pytest
 import requests
+from PIL import Image
 
 from testbed.jobs import auth
+from testbed.processes import ApiServer
+from testbed.waiting import wait_until
 
 pytestmark = pytest.mark.services
 
@@ -67,3 +73,52 @@ def test_a_650_byte_body_nested_324_deep_is_a_422_through_gunicorn(api_server, t
         )
         assert response.status_code == 422, (path, response.text)
         assert "32 levels" in response.text
+
+
+def _logged_bytes(server, path: str, query: str = r"(?:\?\S*)?") -> int:
+    """The body size the access log wrote for the one GET of `path` (with a query that
+    `query` matches), once the line is there: gunicorn writes it after the response."""
+    pattern = rf'"GET {re.escape(path)}{query} HTTP/1\.1" 200 (\d+) '
+
+    def logged():
+        return [int(size) for size in re.findall(pattern, server.log())]
+
+    (size,) = wait_until(logged, timeout=10)
+    return size
+
+
+def test_a_file_sent_whole_is_logged_with_its_size(api_server):
+    """A file the API sends whole (Swagger UI's bundle, the page's files) was logged as
+    `200 0`: gunicorn's sendfile path did not count its bytes."""
+    for path in ("/docs/swagger/swagger-ui-bundle.js", "/ui/app.css"):
+        mark = f"?seen={uuid.uuid4().hex}"  # this GET's line, whoever else fetched the file
+        response = requests.get(f"{api_server.url}{path}{mark}", timeout=10)
+        assert response.status_code == 200 and len(response.content) > 1000
+        assert int(response.headers["Content-Length"]) == len(response.content)
+        logged = _logged_bytes(api_server, path, re.escape(mark))
+        assert logged == len(response.content), path
+
+
+def test_an_image_of_the_local_store_is_logged_with_its_size(stack, tmp_path):
+    """A result image of the local store (the embedded mode's `/files/…?signature=…`) is
+    logged with the bytes sent; its signature stays out of the log."""
+    from app.storage.local import LocalStorage
+
+    secret = "s" * 32
+    env = {**stack.env, "DIFFQ_STORAGE_URL": f"file://{tmp_path / 'images'}"}
+    env["DIFFQ_SECRET_KEY"] = secret
+    store = LocalStorage(root=tmp_path / "images", secret_key=secret)
+    image = Image.effect_noise((160, 120), 64).convert("RGB")
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    store.put("tenant/jobs/1/0.png", buffer.getvalue(), "image/png")
+    server = ApiServer(env, tmp_path, name="api-local-files").start()
+    try:
+        link = store.url("tenant/jobs/1/0.png", 60)
+        response = requests.get(f"{server.url}{link}", timeout=10)
+        assert response.status_code == 200 and response.content == buffer.getvalue()
+        assert _logged_bytes(server, "/files/tenant/jobs/1/0.png") == len(buffer.getvalue())
+        assert "signature=[redacted]" in server.log()
+        assert link.split("signature=")[1] not in server.log()
+    finally:
+        server.stop()
