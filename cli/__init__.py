@@ -55,7 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     except click.Abort:
         print("Aborted!", file=sys.stderr)
         return 1
-    except (ValueError, FileNotFoundError, FileExistsError, client.ApiError) as exc:
+    except client.ApiError as exc:  # 2: the request must change; 3: the service could not
+        print(f"diffq: {exc}", file=sys.stderr)
+        return 2 if exc.refused else 3
+    except (ValueError, FileNotFoundError, FileExistsError) as exc:
         print(f"diffq: {exc}", file=sys.stderr)
         return 2
     except client.Unreachable as exc:

@@ -1,6 +1,8 @@
 """`diffq batch`: submit a JSON Lines file of job requests as one batch and follow it
 (a progress bar over the batch; Ctrl-C asks whether to cancel it), get, list, cancel,
-and download its results. Through diffq.client, like every client command."""
+and download its results. Through cli/api.py's client, like every client command, so an
+error is one line and the exit status `diffq generate`'s: 2 refused (a 4xx, a file that
+cannot be read or is not JSON Lines), 3 the API unreachable or unable to serve it."""
 
 from __future__ import annotations
 
@@ -10,14 +12,10 @@ from pathlib import Path
 
 import click
 
+from cli.api import Client
 from cli.client import _client, _connection
-from diffq.client import Client as Library
 
 BAR_WIDTH = 30
-
-
-def _library(url: str | None, key: str | None) -> Library:
-    return _client(url, key).api
 
 
 def progress_line(batch: dict) -> str:
@@ -39,9 +37,12 @@ def _summary(batch: dict) -> str:
     return f"batch {batch['id']} {batch['status']} ({shown or 'nothing'})"
 
 
-def _write_results(api: Library, batch_id: str, output: str) -> int:
-    rows = api.batches.results(batch_id)
-    Path(output).write_text("".join(json.dumps(row) + "\n" for row in rows))
+def _write_results(client: Client, batch_id: str, output: str) -> int:
+    rows = client.batch_results(batch_id)
+    try:
+        Path(output).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    except OSError as exc:
+        raise ValueError(f"cannot write {output}: {exc.strerror or exc}") from None
     return len(rows)
 
 
@@ -51,7 +52,7 @@ def batch() -> None:
 
 
 @batch.command("submit")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.argument("path", type=click.Path())
 @click.option("--completion-window", help="jobs not started by then expire (24h, 90m, 3600)")
 @click.option("--webhook", help="a URL for the batch's end")
 @click.option("--idempotency-key", help="the same key again answers with the same batch")
@@ -62,10 +63,15 @@ def batch() -> None:
 def batch_submit(
     path, completion_window, webhook, idempotency_key, wait, output, as_json, url, key
 ) -> int:
-    """Submit PATH (JSON Lines: one POST /v1/jobs body a line, each with its custom_id)."""
-    api = _library(url, key)
-    handle = api.batches.create_from_jsonl(
-        Path(path),
+    """Submit PATH (JSON Lines: one POST /v1/jobs body a line, each with its custom_id).
+
+    Exit status: 0 submitted (with --wait: completed), 1 the batch ended otherwise, 2 the
+    API refused it (or PATH cannot be read or is not JSON Lines), 3 the API could not be
+    reached or could not serve it, 130 interrupted.
+    """
+    client = _client(url, key)
+    handle = client.submit_batch(
+        path,
         completion_window=completion_window,
         webhook=webhook,
         idempotency_key=idempotency_key,
@@ -81,14 +87,14 @@ def batch_submit(
                 sys.stderr.flush()
 
         try:
-            found = handle.wait(on_update=draw)
+            found = client.wait_batch(handle, draw)
         except KeyboardInterrupt:
             sys.stderr.write("\n")
             if click.confirm(f"Cancel batch {handle.id}?", default=False, err=True):
                 # On a client of its own: the interrupt may have landed mid-request, and
                 # the cancel must not depend on the state the old client was left in.
-                with _library(url, key) as fresh:
-                    found = fresh.batches.cancel(handle.id)
+                with _client(url, key) as fresh:
+                    found = fresh.cancel_batch(handle.id)
                 print(_summary(found), file=sys.stderr)
             else:
                 print(f"batch {handle.id} goes on: diffq batch get {handle.id}", file=sys.stderr)
@@ -96,7 +102,7 @@ def batch_submit(
         if show:
             sys.stderr.write("\n")
         if output:
-            count = _write_results(api, handle.id, output)
+            count = _write_results(client, handle.id, output)
             print(f"{count} results in {output}", file=sys.stderr)
     if as_json:
         print(json.dumps(found, indent=2))
@@ -111,7 +117,7 @@ def batch_submit(
 @_connection
 def batch_get(batch_id, as_json, url, key) -> int:
     """Show a batch."""
-    found = _library(url, key).batches.get(batch_id)
+    found = _client(url, key).batch(batch_id)
     print(json.dumps(found, indent=2) if as_json else _summary(found))
     return 0
 
@@ -122,7 +128,7 @@ def batch_get(batch_id, as_json, url, key) -> int:
 @_connection
 def batch_list(limit, as_json, url, key) -> int:
     """Your batches, newest first."""
-    page = _library(url, key).batches.list(limit=limit)
+    page = _client(url, key).batches(limit)
     if as_json:
         print(json.dumps(page, indent=2))
     else:
@@ -136,7 +142,7 @@ def batch_list(limit, as_json, url, key) -> int:
 @_connection
 def batch_cancel(batch_id, url, key) -> int:
     """Cancel a batch: queued jobs at once, running ones at their next step."""
-    print(_summary(_library(url, key).batches.cancel(batch_id)))
+    print(_summary(_client(url, key).cancel_batch(batch_id)))
     return 0
 
 
@@ -146,10 +152,10 @@ def batch_cancel(batch_id, url, key) -> int:
 @_connection
 def batch_results(batch_id, output, url, key) -> int:
     """The results file of an ended batch (JSON Lines, input order)."""
-    api = _library(url, key)
+    client = _client(url, key)
     if output:
-        print(f"{_write_results(api, batch_id, output)} results in {output}", file=sys.stderr)
+        print(f"{_write_results(client, batch_id, output)} results in {output}", file=sys.stderr)
     else:
-        for row in api.batches.results(batch_id):
+        for row in client.batch_results(batch_id):
             print(json.dumps(row))
     return 0

@@ -312,7 +312,8 @@ def generate(prompt, url, key, output, overwrite, quiet, **options) -> int:
     """Submit a prompt, show live progress, save the images (their paths go to stdout).
 
     Exit status: 0 saved, 1 the job failed or was canceled, 2 the API refused the
-    request, 3 the API could not be reached, 130 interrupted (the job is canceled).
+    request, 3 the API could not be reached or could not serve it (a 5xx), 130
+    interrupted (the job is canceled).
     """
     if output is not None and not overwrite:
         taken = [p for p in _planned(output, options.get("num_images") or 1) if p.exists()]

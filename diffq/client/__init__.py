@@ -10,7 +10,8 @@
         batch = diffq.batches.create([{"custom_id": "a", "prompt": "..."}, ...])
         batch.wait(); rows = batch.results()
 
-Errors are typed (`diffq.client.errors`), mapped from the API's problem documents; a
+Every error is a `DiffqError` (`diffq.client.errors`): typed from the API's problem
+documents, `APIConnectionError` without an answer, `InputError` for what cannot be sent; a
 POST carries an automatic Idempotency-Key kept across its retries, so a retry never makes
 a second job. `verify_webhook` checks a webhook's signature. It depends on httpx2 alone
 and imports nothing else of diffq. docs/clients.md shows it beside curl and `openai`.
@@ -27,7 +28,9 @@ from diffq.client.errors import (
     ConflictError,
     DiffqError,
     GoneError,
+    InputError,
     InternalServerError,
+    InvalidResponseError,
     JobFailed,
     NotFoundError,
     PayloadTooLargeError,
@@ -50,7 +53,9 @@ __all__ = [
     "DiffqError",
     "Event",
     "GoneError",
+    "InputError",
     "InternalServerError",
+    "InvalidResponseError",
     "JobFailed",
     "JobHandle",
     "NotFoundError",

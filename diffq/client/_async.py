@@ -10,14 +10,15 @@ from typing import Any
 import httpx2
 
 from diffq.client import _core
-from diffq.client._core import BATCH_ENDED, RETRIED, TERMINAL, Event
-from diffq.client.errors import APIConnectionError, APIError, JobFailed
+from diffq.client._core import BATCH_ENDED, TERMINAL, UNANSWERED, Event
+from diffq.client.errors import APIError, JobFailed
 
 
 class AsyncClient:
     """`AsyncClient(url, api_key)` (or DIFFQ_URL, DIFFQ_API_KEY). Failed attempts (no
-    connection, 429, 502-504) are retried `max_retries` times with backoff, every POST
-    with one Idempotency-Key, so a retry never makes a second job or batch."""
+    connection, 429, 502-504 unless the answer says `x-should-retry: false`) are retried
+    `max_retries` times with backoff, every POST with one Idempotency-Key, so a retry
+    never makes a second job or batch. Everything it raises is a DiffqError."""
 
     def __init__(
         self,
@@ -51,22 +52,37 @@ class AsyncClient:
     async def close(self) -> None:
         await self.http.aclose()
 
-    async def request(self, method: str, path: str, **kwargs) -> httpx2.Response:
+    async def request(
+        self, method: str, path: str, *, http: httpx2.AsyncClient | None = None, **kwargs
+    ) -> httpx2.Response:
+        """A successful answer, after the retries; a DiffqError otherwise. `http`: another
+        httpx2 client to send it with (a presigned link's, without the key)."""
+        http = http or self.http
         headers = _core.headers_for(method, kwargs.pop("headers", None))
+        kwargs = _core.encoded(kwargs, headers)
         for attempt in range(self.max_retries + 1):
             try:
-                response = await self.http.request(method, path, headers=headers, **kwargs)
+                response = await http.request(method, path, headers=headers, **kwargs)
             except httpx2.TransportError as exc:
                 if attempt == self.max_retries:
-                    raise APIConnectionError(f"{method} {path}: {exc}") from exc
+                    raise _core.connection_error(method, path, exc) from exc
                 await asyncio.sleep(_core.backoff(attempt, None))
                 continue
-            if response.status_code in RETRIED and attempt < self.max_retries:
+            except UNANSWERED as exc:
+                raise _core.connection_error(method, path, exc) from exc
+            if attempt < self.max_retries and _core.should_retry(
+                response.status_code, response.headers
+            ):
                 await asyncio.sleep(_core.backoff(attempt, _core.retry_after_of(response.headers)))
                 continue
             _core.raise_for(response.status_code, response.content, response.headers)
             return response
         raise AssertionError("unreachable")
+
+    async def read(self, method: str, path: str, *keys: str, **kwargs) -> dict[str, Any]:
+        """`request`'s answer as its JSON object, with `keys` in it."""
+        response = await self.request(method, path, **kwargs)
+        return _core.answer(response.status_code, response.content, *keys)
 
     async def submit(self, prompt: str | None = None, **fields: Any) -> JobHandle:
         """Submit a job (any POST /v1/jobs field); its handle at once."""
@@ -76,19 +92,17 @@ class AsyncClient:
         """Submit a job and wait for it over its event stream; the succeeded job, or
         JobFailed."""
         job = await (await self.submit(prompt, **fields)).wait()
-        if job["status"] != "succeeded":
+        if job.get("status") != "succeeded":
             raise JobFailed(job)
         return job
 
     async def download(self, url: str) -> bytes:
         """An image link's bytes (a presigned URL, or the API's own)."""
         if url.startswith(self.url):  # the API's own link (a local store's)
-            response = await self.http.get(url, follow_redirects=True)
-        else:  # a presigned link carries its own authorization: never send the key there
-            async with httpx2.AsyncClient(timeout=self.timeout) as plain:
-                response = await plain.get(url, follow_redirects=True)
-        _core.raise_for(response.status_code, response.content, response.headers)
-        return response.content
+            return (await self.request("GET", url, follow_redirects=True)).content
+        # A presigned link carries its own authorization: never send the key there.
+        async with httpx2.AsyncClient(timeout=self.timeout) as plain:
+            return (await self.request("GET", url, http=plain, follow_redirects=True)).content
 
 
 class JobHandle:
@@ -103,8 +117,11 @@ class JobHandle:
         return (await self.refresh())["status"]
 
     async def stream(self) -> AsyncIterator[Event]:
-        """The job's events until it ends, resuming after a dropped connection."""
+        """The job's events until it ends, resuming after a dropped connection;
+        APIConnectionError after STREAM_RECONNECTS reconnections in a row fail."""
         parser = _core.SSEParser()
+        path = f"/v1/jobs/{self.id}/events"
+        failures = 0
         while True:
             headers = {"Accept": "text/event-stream"}
             if parser.last_id is not None:
@@ -112,7 +129,7 @@ class JobHandle:
             try:
                 async with self.client.http.stream(
                     "GET",
-                    f"/v1/jobs/{self.id}/events",
+                    path,
                     headers=headers,
                     timeout=httpx2.Timeout(self.client.timeout, read=120),
                 ) as response:
@@ -125,12 +142,18 @@ class JobHandle:
                         event = parser.feed(line)
                         if event is None:
                             continue
+                        failures = 0
                         if event.name == "status":
                             self.job = event.data
                         yield event
                     return
-            except httpx2.TransportError:
-                await asyncio.sleep(1.0)
+            except httpx2.TransportError as exc:
+                failures += 1
+                if failures > _core.STREAM_RECONNECTS:
+                    raise _core.connection_error("GET", path, exc) from exc
+                await asyncio.sleep(_core.backoff(failures - 1, None))
+            except UNANSWERED as exc:
+                raise _core.connection_error("GET", path, exc) from exc
 
     async def wait(self, on_event: Callable[[Event], None] | None = None) -> dict[str, Any]:
         async for event in self.stream():
@@ -147,9 +170,9 @@ class JobHandle:
     async def images(self) -> list[bytes]:
         """The images' bytes (the job must have succeeded)."""
         job = self.job if self.job.get("result") else await self.refresh()
-        if job["status"] != "succeeded":
+        if job.get("status") != "succeeded":
             raise JobFailed(job)
-        return [await self.client.download(image["url"]) for image in job["result"]["images"]]
+        return [await self.client.download(url) for url in _core.image_urls(job)]
 
 
 class Jobs:
@@ -161,21 +184,21 @@ class Jobs:
     ) -> JobHandle:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         body = _core.job_body(prompt, fields)
-        job = (await self.client.request("POST", "/v1/jobs", json=body, headers=headers)).json()
+        job = await self.client.read("POST", "/v1/jobs", "id", json=body, headers=headers)
         return JobHandle(self.client, job)
 
     async def get(self, job_id: str) -> dict[str, Any]:
-        return (await self.client.request("GET", f"/v1/jobs/{job_id}")).json()
+        return await self.client.read("GET", f"/v1/jobs/{job_id}", "id", "status")
 
     async def list(
         self, *, status: str | None = None, limit: int = 20, cursor: str | None = None
     ) -> dict[str, Any]:
         params = {"limit": limit, "status": status, "cursor": cursor}
         params = {k: v for k, v in params.items() if v is not None}
-        return (await self.client.request("GET", "/v1/jobs", params=params)).json()
+        return await self.client.read("GET", "/v1/jobs", "data", params=params)
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
-        return (await self.client.request("POST", f"/v1/jobs/{job_id}/cancel")).json()
+        return await self.client.read("POST", f"/v1/jobs/{job_id}/cancel", "id", "status")
 
     async def handle(self, job_id: str) -> JobHandle:
         return JobHandle(self.client, await self.get(job_id))
@@ -234,10 +257,15 @@ class Batches:
         """`requests`: POST /v1/jobs bodies, each with its `custom_id`."""
         body = _core.batch_body(requests, completion_window, webhook, metadata)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        answer = await self.client.request(
-            "POST", "/v1/batches", json=body, headers=headers, timeout=max(self.client.timeout, 300)
+        batch = await self.client.read(
+            "POST",
+            "/v1/batches",
+            "id",
+            "status",
+            json=body,
+            headers=headers,
+            timeout=max(self.client.timeout, 300),
         )
-        batch = answer.json()
         return BatchHandle(self.client, batch)
 
     async def create_from_jsonl(
@@ -248,38 +276,41 @@ class Batches:
         webhook: str | None = None,
         idempotency_key: str | None = None,
     ) -> BatchHandle:
-        """A JSON Lines file (or its bytes), one request a line, sent as it is."""
-        data = source if isinstance(source, bytes) else Path(source).read_bytes()
+        """A JSON Lines file (or its bytes), one request a line, sent as it is; an
+        InputError naming the file and line if one is not a JSON object."""
+        data = _core.jsonl_file(source)
         params = {"completion_window": completion_window, "webhook": webhook}
         params = {k: v for k, v in params.items() if v is not None}
         headers = {"Content-Type": "application/jsonl"}
         if idempotency_key:
             headers["Idempotency-Key"] = idempotency_key
-        answer = await self.client.request(
+        batch = await self.client.read(
             "POST",
             "/v1/batches",
+            "id",
+            "status",
             content=data,
             params=params,
             headers=headers,
             timeout=max(self.client.timeout, 300),
         )
-        return BatchHandle(self.client, answer.json())
+        return BatchHandle(self.client, batch)
 
     async def get(self, batch_id: str) -> dict[str, Any]:
-        return (await self.client.request("GET", f"/v1/batches/{batch_id}")).json()
+        return await self.client.read("GET", f"/v1/batches/{batch_id}", "id", "status")
 
     async def list(self, *, limit: int = 20, after: str | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit}
         if after:
             params["after"] = after
-        return (await self.client.request("GET", "/v1/batches", params=params)).json()
+        return await self.client.read("GET", "/v1/batches", "data", params=params)
 
     async def cancel(self, batch_id: str) -> dict[str, Any]:
-        return (await self.client.request("POST", f"/v1/batches/{batch_id}/cancel")).json()
+        return await self.client.read("POST", f"/v1/batches/{batch_id}/cancel", "id", "status")
 
     async def results(self, batch_id: str) -> list[dict[str, Any]]:
         response = await self.client.request("GET", f"/v1/batches/{batch_id}/results")
-        return _core.jsonl(response.text)
+        return _core.jsonl(response.status_code, response.content)
 
     async def handle(self, batch_id: str) -> BatchHandle:
         return BatchHandle(self.client, await self.get(batch_id))
@@ -298,12 +329,12 @@ class Uploads:
         """Store an image (a path, or its bytes); its upload (`id`: what a job's `image`
         or `mask` names)."""
         if not isinstance(image, bytes):
-            filename, image = Path(image).name, Path(image).read_bytes()
+            filename, image = Path(image).name, _core.read_file(image)
         files = {"file": (filename, image)}
-        return (await self.client.request("POST", "/v1/uploads", files=files)).json()
+        return await self.client.read("POST", "/v1/uploads", "id", files=files)
 
     async def get(self, upload_id: str) -> dict[str, Any]:
-        return (await self.client.request("GET", f"/v1/uploads/{upload_id}")).json()
+        return await self.client.read("GET", f"/v1/uploads/{upload_id}", "id")
 
 
 class Adapters:
@@ -323,17 +354,16 @@ class Adapters:
         """Store a LoRA (a path, or its bytes), checked for `model`'s family; the
         adapter (`id`: what a job's `loras[].id` names)."""
         if not isinstance(adapter, bytes):
-            filename, adapter = Path(adapter).name, Path(adapter).read_bytes()
+            filename, adapter = Path(adapter).name, _core.read_file(adapter)
         form = {k: v for k, v in (("model", model), ("name", name)) if v is not None}
         files = {"file": (filename, adapter)}
-        response = await self.client.request("POST", "/v1/adapters", files=files, data=form)
-        return response.json()
+        return await self.client.read("POST", "/v1/adapters", "id", files=files, data=form)
 
     async def list(self) -> list[dict[str, Any]]:
-        return (await self.client.request("GET", "/v1/adapters")).json()["data"]
+        return (await self.client.read("GET", "/v1/adapters", "data"))["data"]
 
     async def get(self, adapter_id: str) -> dict[str, Any]:
-        return (await self.client.request("GET", f"/v1/adapters/{adapter_id}")).json()
+        return await self.client.read("GET", f"/v1/adapters/{adapter_id}", "id")
 
     async def delete(self, adapter_id: str) -> None:
         await self.client.request("DELETE", f"/v1/adapters/{adapter_id}")

@@ -8,11 +8,21 @@ from typing import Any
 
 
 class DiffqError(Exception):
-    """Anything this client raises."""
+    """Anything this client raises: its subclasses below, never another library's error."""
+
+
+class InputError(DiffqError, ValueError):
+    """What was given cannot be sent: no API key, a file that cannot be read, a JSON
+    Lines line that is not a JSON object, a body JSON cannot hold. `path` and `line`
+    (1-based) name the file and its line where one is to blame."""
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None):
+        self.path, self.line = path, line
+        super().__init__(message)
 
 
 class APIConnectionError(DiffqError):
-    """The API could not be reached (after the retries)."""
+    """The API could not be reached (after the retries), or the connection broke."""
 
 
 class APIError(DiffqError):
@@ -63,11 +73,20 @@ class RateLimitError(APIError):
 
 
 class ServiceUnavailableError(APIError):
-    """503: nothing was accepted; retried automatically (with the same Idempotency-Key)."""
+    """503: nothing was accepted; retried automatically (with the same Idempotency-Key)
+    unless the answer says `x-should-retry: false`, as /v1/batches and /v1/files do."""
 
 
 class InternalServerError(APIError):
     """Any other 5xx."""
+
+
+class InvalidResponseError(APIError):
+    """An answer this client cannot read: not JSON, or not the object it should be (a
+    proxy's page in the API's place, a body cut short). `status`: the answer's."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status, {"message": message})
 
 
 class JobFailed(DiffqError):

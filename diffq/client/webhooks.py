@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from diffq.client.errors import WebhookVerificationError
+from diffq.client.errors import InputError, WebhookVerificationError
 
 
 def verify_webhook(
@@ -25,7 +25,8 @@ def verify_webhook(
     """The event (`{"type", "timestamp", "data"}`) if the delivery is diffq's: one of the
     `webhook-signature` signatures matches under `secret` (during a rotation a delivery
     carries one per secret) and `webhook-timestamp` is within `tolerance` seconds.
-    Raises WebhookVerificationError otherwise. Pass the body exactly as received."""
+    Raises WebhookVerificationError otherwise (InputError for a secret that is not one).
+    Pass the body exactly as received."""
     raw = body.encode() if isinstance(body, str) else body
     lower = {k.lower(): v for k, v in headers.items()}
     try:
@@ -37,11 +38,17 @@ def verify_webhook(
     current = time.time() if now is None else now
     if abs(current - timestamp) > tolerance:
         raise WebhookVerificationError("timestamp outside the tolerance (a replay?)")
-    key = base64.b64decode(secret.removeprefix("whsec_"))
+    try:
+        key = base64.b64decode(secret.removeprefix("whsec_"))
+    except ValueError:
+        raise InputError("the secret is not a whsec_ secret (base64 after whsec_)") from None
     signed = f"{msg_id}.{timestamp}.".encode() + raw
-    expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest())
     for signature in signatures:
         version, _, value = signature.partition(",")
-        if version == "v1" and hmac.compare_digest(value, expected):
-            return json.loads(raw)
+        if version == "v1" and hmac.compare_digest(value.encode(), expected):
+            try:
+                return json.loads(raw)
+            except ValueError:
+                raise WebhookVerificationError("the signed body is not JSON") from None
     raise WebhookVerificationError("no signature matches the secret")

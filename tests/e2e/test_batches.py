@@ -22,13 +22,17 @@ from diffq.client import (
     Client,
     JobFailed,
     NotFoundError,
+    ServiceUnavailableError,
     UnprocessableEntityError,
 )
 from testbed.jobs import auth
+from testbed.ports import free_port
+from testbed.processes import ApiServer
 
 pytestmark = pytest.mark.services
 
 PNG = b"\x89PNG\r\n\x1a\n"
+BATCH_ID = "01a2b3c4-0000-7000-8000-000000000000"  # no batch of anyone's
 
 
 def _lines(n: int, prefix: str = "r", **extra) -> list[dict]:
@@ -77,7 +81,7 @@ def test_run_waits_over_the_stream_and_errors_are_typed(api_server, worker, tena
             diffq.submit("x", steps=9999)
         assert bad.value.status == 422 and "steps" in bad.value.errors["json"]
         with pytest.raises(NotFoundError):
-            diffq.batches.get("01a2b3c4-0000-7000-8000-000000000000")
+            diffq.batches.get(BATCH_ID)
         queued = diffq.submit("never runs", model="tiny-b")
         queued.cancel()
         with pytest.raises(JobFailed):
@@ -180,7 +184,117 @@ def test_the_openai_clients_batch_api_end_to_end(api_server, worker, tenant_key,
     assert cancelled.status in ("cancelling", "cancelled")
     assert client.batches.retrieve(second.id).status == "cancelled"
     with pytest.raises(openai.NotFoundError):
-        client.batches.retrieve("01a2b3c4-0000-7000-8000-000000000000")
+        client.batches.retrieve(BATCH_ID)
+
+
+@pytest.fixture(scope="module")
+def storeless_api(stack):
+    """The API as it runs, with its database away: every batch route is a 503."""
+    env = {
+        **stack.env,
+        "DIFFQ_DATABASE_URL": f"postgresql+psycopg2://nobody:x@127.0.0.1:{free_port()}/none",
+    }
+    server = ApiServer(env, stack.logs, name="api-storeless").start()
+    yield server
+    server.stop()
+
+
+class Counted(httpx2.HTTPTransport):
+    """Counts the requests that reach the wire (each retry is one more)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent = 0
+
+    def handle_request(self, request):
+        self.sent += 1
+        return super().handle_request(request)
+
+
+class AsyncCounted(httpx2.AsyncHTTPTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent = 0
+
+    async def handle_async_request(self, request):
+        self.sent += 1
+        return await super().handle_async_request(request)
+
+
+def _once(call, transport, expected):
+    """`call` raises `expected` after exactly one request: not retried (a retry would
+    wait the answer's Retry-After, 5 s, and send again)."""
+    sent, started = transport.sent, time.monotonic()
+    with pytest.raises(expected) as caught:
+        call()
+    took = time.monotonic() - started
+    print(f"{type(caught.value).__name__} after {took:.3f} s")
+    # One request a call: no retry (the count is the proof; the time is printed only).
+    assert transport.sent - sent == 1, f"{transport.sent - sent} requests in {took:.1f} s"
+    return caught.value
+
+
+def test_a_503_from_a_batch_route_is_not_retried_by_either_client(storeless_api, tmp_path):
+    """docs/batches.md: 5xx answers of /v1/batches and /v1/files say `x-should-retry:
+    false`. The `openai` client (retries on by default) and diffq's (sync and asyncio)
+    obey it: one request, the 503 raised as each client's own type."""
+    path = tmp_path / "requests.jsonl"
+    path.write_text(json.dumps({"custom_id": "a", "prompt": "p"}) + "\n")
+    counted = Counted()
+    client = openai.OpenAI(
+        base_url=f"{storeless_api.url}/v1",
+        api_key="dq_any_key",
+        http_client=httpx2.Client(transport=counted, timeout=30),
+    )
+    assert client.max_retries == 2
+    for call in (
+        lambda: client.batches.retrieve(BATCH_ID),
+        lambda: client.batches.create(
+            input_file_id=BATCH_ID,
+            endpoint="/v1/images/generations",
+            completion_window="24h",
+        ),
+        lambda: client.batches.list(),
+        lambda: client.files.create(file=path.open("rb"), purpose="batch"),
+    ):
+        error = _once(call, counted, openai.InternalServerError)
+        assert error.status_code == 503 and error.type == "server_error"
+        assert error.message.endswith("The job store is unavailable; retry shortly.")
+        assert error.response.headers["x-should-retry"] == "false"
+
+    transport = Counted()
+    with Client(storeless_api.url, "dq_any_key", transport=transport) as diffq:
+        assert diffq.max_retries == 2
+        for call in (
+            lambda: diffq.batches.get(BATCH_ID),
+            lambda: diffq.batches.create([{"custom_id": "a", "prompt": "p"}]),
+            lambda: diffq.batches.create_from_jsonl(path),
+            lambda: diffq.batches.cancel(BATCH_ID),
+            lambda: diffq.batches.results(BATCH_ID),
+        ):
+            error = _once(call, transport, ServiceUnavailableError)
+            assert error.status == 503 and error.retry_after == 5
+            assert error.message == "The job store is unavailable; retry shortly."
+
+    async def asyncio_client():
+        sent = AsyncCounted()
+        async with AsyncClient(storeless_api.url, "dq_any_key", transport=sent) as diffq:
+            found = []
+            for call in (
+                diffq.batches.list,
+                lambda: diffq.batches.get(BATCH_ID),
+                diffq.batches.list,
+            ):
+                started = time.monotonic()
+                with pytest.raises(ServiceUnavailableError):
+                    await call()
+                found.append(time.monotonic() - started)
+            return sent.sent, found
+
+    with ThreadPoolExecutor(1) as thread:
+        sent, took = thread.submit(asyncio.run, asyncio_client()).result()
+    print(f"asyncio: {sent} requests in {[round(t, 3) for t in took]} s")
+    assert sent == 3, (sent, took)  # one request a call: no retry
 
 
 def _diffq(api_server, key, *args, **kwargs) -> subprocess.Popen:

@@ -345,3 +345,152 @@ def test_an_operators_command_on_a_database_it_cannot_use_is_one_clear_line(tmp_
     plain = stack.database_url.replace("postgresql+psycopg2://", "postgresql://", 1)
     served = run({"DIFFQ_DATABASE_URL": plain, "DIFFQ_HOME": str(tmp_path / "home")})
     assert served.returncode == 0 and "QUEUED" in served.stdout, served.stderr
+
+
+def _said(result: subprocess.CompletedProcess) -> list[str]:
+    """What a command said on stderr, line by line; never a traceback."""
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stderr.strip().splitlines()
+
+
+def _jsonl(path: Path, *lines) -> Path:
+    path.write_bytes(
+        b"".join((x if isinstance(x, bytes) else json.dumps(x).encode()) + b"\n" for x in lines)
+    )
+    return path
+
+
+def test_every_batch_command_on_an_api_that_is_down_is_one_line_and_exit_3(
+    api_server, tenant_key, tmp_path
+):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from testbed.ports import free_port
+
+    down = f"http://127.0.0.1:{free_port()}"
+    prompts = _jsonl(tmp_path / "p.jsonl", {"custom_id": "a", "prompt": "x"})
+    batch_id = "01a2b3c4-0000-7000-8000-000000000000"
+    commands = [
+        ("batch", "submit", str(prompts)),
+        ("batch", "submit", str(prompts), "--wait"),
+        ("batch", "get", batch_id),
+        ("batch", "list"),
+        ("batch", "cancel", batch_id),
+        ("batch", "results", batch_id),
+        ("batch", "results", batch_id, "-o", str(tmp_path / "r.jsonl")),
+    ]
+    with ThreadPoolExecutor(len(commands)) as pool:
+        results = list(
+            pool.map(lambda a: diffq(api_server, tenant_key, *a, url=down, timeout=60), commands)
+        )
+    for args, result in zip(commands, results, strict=True):
+        assert result.returncode == 3, (args, result.stderr)
+        assert _said(result) == [
+            f"diffq: cannot reach the API at {down} (connection refused). Is it running? "
+            "Start it with scripts/up (or diffq api), or point --url / DIFFQ_URL at it."
+        ], args
+
+
+def test_a_batch_the_api_refuses_is_said_plainly_with_exit_2(api_server, tenant_key, tmp_path):
+    """A 404, 409, 401 and a 422 naming a line's field: the API's words, exit 2."""
+    unknown = "01a2b3c4-0000-7000-8000-000000000000"
+    for command in ("get", "cancel", "results"):
+        result = diffq(api_server, tenant_key, "batch", command, unknown)
+        assert result.returncode == 2, result.stderr
+        assert _said(result) == ["diffq: HTTP 404 Not Found: No such batch."], command
+    bad_key = diffq(api_server, "dq_nope_nope", "batch", "list")
+    assert bad_key.returncode == 2
+    assert _said(bad_key) == ["diffq: HTTP 401 Unauthorized: Invalid or revoked API key."]
+
+    bad = _jsonl(
+        tmp_path / "bad.jsonl",
+        {"custom_id": "a", "prompt": "fine", "model": "tiny-b"},
+        {"custom_id": "b", "prompt": "too many steps", "steps": 9999},
+    )
+    refused = diffq(api_server, tenant_key, "batch", "submit", str(bad))
+    assert refused.returncode == 2
+    lines = _said(refused)
+    assert lines[0] == "diffq: HTTP 422 Unprocessable Entity", lines
+    assert "  line 2: steps: Must be between 1 and 500 for model 'tiny'." in lines, lines
+    assert len(lines) <= 4 and "{" not in refused.stderr, lines
+
+    waiting = _jsonl(tmp_path / "w.jsonl", {"custom_id": "w", "prompt": "w", "model": "tiny-b"})
+    submitted = diffq(api_server, tenant_key, "batch", "submit", str(waiting), "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    batch_id = json.loads(submitted.stdout)["id"]
+    early = diffq(api_server, tenant_key, "batch", "results", batch_id)
+    assert early.returncode == 2
+    assert _said(early) == ["diffq: HTTP 409 Conflict: The batch has not ended yet (in_progress)."]
+    assert diffq(api_server, tenant_key, "batch", "cancel", batch_id).returncode == 0
+    again = diffq(api_server, tenant_key, "batch", "cancel", batch_id)
+    assert again.returncode == 2
+    assert _said(again) == ["diffq: HTTP 409 Conflict: The batch has already ended (cancelled)."]
+    nowhere = tmp_path / "no" / "such" / "dir.jsonl"
+    unwritable = diffq(api_server, tenant_key, "batch", "results", batch_id, "-o", str(nowhere))
+    assert unwritable.returncode == 2
+    assert _said(unwritable) == [f"diffq: cannot write {nowhere}: No such file or directory"]
+
+
+def test_a_batch_file_that_cannot_be_sent_is_one_line_naming_it(api_server, tenant_key, tmp_path):
+    """Missing, a folder, a line that is not JSON or not an object, bytes that are not
+    UTF-8, no key: one line, exit 2, and nothing sent."""
+    good = {"custom_id": "a", "prompt": "fine"}
+    cases = {
+        tmp_path / "missing.jsonl": "cannot read {path}: No such file or directory",
+        tmp_path: "cannot read {path}: Is a directory",
+        _jsonl(tmp_path / "a.jsonl", good, b"{not json"): "{path}, line 2: not JSON "
+        "(Expecting property name enclosed in double quotes)",
+        _jsonl(tmp_path / "b.jsonl", good, b"", [good]): "{path}, line 3: not a JSON object "
+        "(one request a line)",
+        _jsonl(tmp_path / "c.jsonl", b'{"prompt": "\xff"}'): "{path}, line 1: not JSON (not UTF-8)",
+    }
+    for path, said in cases.items():
+        result = diffq(api_server, tenant_key, "batch", "submit", str(path))
+        assert result.returncode == 2, result.stderr
+        assert _said(result) == ["diffq: " + said.format(path=path)]
+    no_key = subprocess.run(
+        [sys.executable, "-m", "cli", "batch", "list", "--url", api_server.url],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    )
+    assert no_key.returncode == 2
+    assert _said(no_key) == ["diffq: an API key is needed: --key or DIFFQ_API_KEY"]
+    listed = diffq(api_server, tenant_key, "batch", "list", "--json")
+    assert json.loads(listed.stdout)["data"] == []
+
+
+@pytest.fixture(scope="module")
+def storeless_api(stack):
+    """The API as it runs, with its database away: every request is a 503."""
+    from testbed.ports import free_port
+    from testbed.processes import ApiServer
+
+    env = {
+        **stack.env,
+        "DIFFQ_DATABASE_URL": f"postgresql+psycopg2://nobody:x@127.0.0.1:{free_port()}/none",
+    }
+    server = ApiServer(env, stack.logs, name="api-storeless-cli").start()
+    yield server
+    server.stop()
+
+
+def test_a_batch_command_the_service_cannot_serve_is_one_line_and_exit_3(storeless_api, tmp_path):
+    """A 5xx (the job store away): the API's message in one line, exit 3 as for an API
+    that cannot be reached. (That the answer is not retried, tests/e2e/test_batches.py
+    counts.)"""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = _jsonl(tmp_path / "p.jsonl", {"custom_id": "a", "prompt": "x"})
+    unknown = "01a2b3c4-0000-7000-8000-000000000000"
+    commands = [("submit", str(prompts)), ("get", unknown), ("list",), ("results", unknown)]
+    with ThreadPoolExecutor(len(commands)) as pool:
+        results = list(
+            pool.map(lambda a: diffq(storeless_api, "dq_any_key", "batch", *a), commands)
+        )
+    for args, result in zip(commands, results, strict=True):
+        assert result.returncode == 3, (args, result.stderr)
+        assert _said(result) == [
+            "diffq: HTTP 503 Service Unavailable: The job store is unavailable; retry "
+            "shortly. (retry after 5 s)"
+        ], args

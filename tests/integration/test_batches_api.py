@@ -473,3 +473,79 @@ def test_files_of_another_tenant_are_404s(client, tenant_key, other_key):
     assert named.status_code == 404
     content = client.get(f"/v1/files/{uploaded['id']}/content", headers=auth(tenant_key))
     assert json.loads(content.get_data(as_text=True))["custom_id"] == "a"
+
+
+BATCH_ID = "01a2b3c4-0000-7000-8000-000000000000"
+EVERY_ROUTE = [
+    ("post", "/v1/batches", {"json": {"requests": [{"custom_id": "a", "prompt": "p"}]}}),
+    ("get", "/v1/batches", {}),
+    ("get", f"/v1/batches/{BATCH_ID}", {}),
+    ("post", f"/v1/batches/{BATCH_ID}/cancel", {}),
+    ("get", f"/v1/batches/{BATCH_ID}/results", {}),
+    ("post", "/v1/files", {"data": {"purpose": "batch", "file": (io.BytesIO(b"{}"), "in.jsonl")}}),
+    ("get", "/v1/files", {}),
+    ("get", f"/v1/files/{BATCH_ID}", {}),
+    ("delete", f"/v1/files/{BATCH_ID}", {}),
+    ("get", f"/v1/files/{BATCH_ID}/content", {}),
+]
+
+
+@pytest.fixture(scope="module")
+def storeless_app(stack):
+    """An API whose database does not answer: nothing can be read or stored."""
+    import os
+
+    from app.config import load_settings
+    from app.web.factory import create_app
+    from testbed.ports import free_port
+
+    url = f"postgresql+psycopg2://nobody:x@127.0.0.1:{free_port()}/none"
+    app = create_app(load_settings({**os.environ, "DIFFQ_DATABASE_URL": url}))
+    yield app.test_client()
+    app.extensions["diffq"].close()
+
+
+@pytest.mark.parametrize(("method", "path", "send"), EVERY_ROUTE)
+def test_a_store_outage_is_a_503_in_both_envelopes_not_to_be_retried(
+    storeless_app, method, path, send
+):
+    """docs/batches.md: every error of /v1/batches and /v1/files carries diffq's envelope
+    and OpenAI's `error` object, and a 5xx says `x-should-retry: false` (the `openai`
+    client would otherwise retry a create without an idempotency key)."""
+    kwargs = {k: (dict(v) if isinstance(v, dict) else v) for k, v in send.items()}
+    answer = getattr(storeless_app, method)(path, headers=auth("dq_any_key"), **kwargs)
+    body = answer.get_json()
+    assert answer.status_code == 503, body
+    assert answer.headers["x-should-retry"] == "false"
+    assert answer.headers["Retry-After"] == "5"
+    assert body["code"] == 503 and body["status"] == "Service Unavailable"
+    assert body["message"] == "The job store is unavailable; retry shortly."
+    assert body["error"] == {
+        "message": body["message"],
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+
+
+def test_an_unexpected_failure_is_a_500_in_both_envelopes(client, tenant_key, monkeypatch):
+    from app.web.services import services
+
+    with client.application.app_context():
+        storage = services().storage
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("the store fell over")
+
+    monkeypatch.setattr(storage, "put", broken)
+    answer = client.post(
+        "/v1/files",
+        data={"purpose": "batch", "file": (io.BytesIO(b'{"a": 1}'), "in.jsonl")},
+        headers=auth(tenant_key),
+        content_type="multipart/form-data",
+    )
+    body = answer.get_json()
+    assert answer.status_code == 500, body
+    assert answer.headers["x-should-retry"] == "false"
+    assert body["message"] == "Internal server error." and "fell over" not in answer.text
+    assert body["error"]["type"] == "server_error" and body["error"]["message"] == body["message"]

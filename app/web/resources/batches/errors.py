@@ -1,9 +1,10 @@
 """Errors of /v1/batches and /v1/files, read by two kinds of client: diffq's envelope
 (`code`, `status`, `message`, `errors`) and, in the same body, OpenAI's `error` object
 (`message`, `type`, `param`, `code`), so both diffq's client and the `openai` client
-raise their own typed errors from it. 5xx answers carry `x-should-retry: false`: the
-`openai` client retries them without an idempotency key, and a retried create would
-make a second batch."""
+raise their own typed errors from it, whatever the error: a refusal, an outage of the
+job store (503) or a bug (500). 5xx answers carry `x-should-retry: false`: the `openai`
+client retries them without an idempotency key, and a retried create would make a
+second batch."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from http import HTTPStatus
 from flask import jsonify
 from flask_smorest import Blueprint
 from werkzeug.exceptions import HTTPException
+
+from app.web.errors import as_http_error
 
 TYPES = {
     400: "invalid_request_error",
@@ -63,3 +66,8 @@ def install(blp: Blueprint) -> None:
         if status >= 500:
             response.headers["x-should-retry"] = "false"
         return response
+
+    @blp.errorhandler(Exception)
+    def _any_error(exc: Exception):
+        # A database refusal or outage, a bug: in both envelopes too, never the app's.
+        return _http_error(as_http_error(exc))
