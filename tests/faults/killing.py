@@ -43,19 +43,36 @@ def _still_running(reread, row) -> bool:
     )
 
 
-def kill_child(row, reread) -> bool:
-    """SIGKILL the pool process running `row`, and only while it runs that job.
+def _alone(row, siblings) -> bool:
+    """No other job is running under the same lease owner (pool process). A job whose
+    denoising ended stays `running`, its lease held, while the process's post-processing
+    thread encodes and records it, and meanwhile the process denoises its next job:
+    killing it then would hit that next job (one found killed three times, dead-lettered)."""
+    if siblings is None:
+        return True
+    return not [
+        other
+        for other in siblings()
+        if str(other.id) != str(row.id)
+        and other.status == JobStatus.RUNNING
+        and other.lease_owner == row.lease_owner
+    ]
+
+
+def kill_child(row, reread, siblings=None) -> bool:
+    """SIGKILL the pool process running `row`, and only while it runs that job alone.
 
     The process is frozen first and the job re-read (`reread(job_id) -> row`): a row read a
     moment ago may describe a job the process has since finished, and killing it then would
-    hit whatever it runs next.
+    hit whatever it runs next. With `siblings` (`() -> rows`), the process is also spared
+    while another of those jobs runs under the same owner (`_alone`).
     """
     pid = child_pid(row)
     if pid is None or not is_celery(pid):
         return False
     try:
         os.kill(pid, signal.SIGSTOP)
-        if not _still_running(reread, row):
+        if not _still_running(reread, row) or not _alone(row, siblings):
             os.kill(pid, signal.SIGCONT)
             return False
         os.kill(pid, signal.SIGKILL)

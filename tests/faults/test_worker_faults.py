@@ -68,7 +68,7 @@ def test_f1_pool_child_killed_mid_generation(fault_stack):
             continue
         for victim in victims[: 70 - len(killed)]:  # both workers' jobs at once
             started = time.monotonic()
-            if kill_child(victim, sc.row):
+            if kill_child(victim, sc.row, lambda: sc.rows().values()):
                 killed.add(str(victim.id))
                 sc.figures.faults += 1
                 if len(sc.figures.recovery_seconds) < 3:
