@@ -57,8 +57,17 @@ class ModelSpec:
     # The schedulers it offers; None (the default): every one that fits its family.
     schedulers: tuple[str, ...] | None = None
     # The job kinds it offers (app/kinds); a model with a dedicated inpainting UNet
-    # offers only "inpaint". The first is the one its workers warm up with.
-    kinds: tuple[str, ...] = ("txt2img", "img2img", "inpaint")
+    # offers only "inpaint". The first is the one its workers warm up with. None (the
+    # default): its family's (app/families.py: images for sd, sd3, flux; txt2vid for wan,
+    # txt2vid and img2vid for ltx).
+    kinds: tuple[str, ...] | None = None
+    # Video (a family with `video`): frames per second (None: the family's, 16 for Wan,
+    # 24 for LTX), the fps a request may ask for (played faster or slower: the model makes
+    # the same frames), and the frame counts (the family's k x step + 1 rule).
+    fps: int | None = None
+    max_fps: int = 60
+    default_frames: int = 33
+    max_frames: int = 81
     # Where `high` priority jobs go instead of `queue` (e.g. a pool on on-demand nodes
     # while `queue` is served by spot nodes); empty: the same queue.
     high_priority_queue: str = ""
@@ -93,8 +102,29 @@ class ModelSpec:
     compile_backend: str = "inductor"
 
     def __post_init__(self) -> None:
-        if self.schedulers is None and self.family in FAMILIES:
+        family = FAMILIES.get(self.family)
+        if self.schedulers is None and family is not None:
             object.__setattr__(self, "schedulers", schedulers_for(self.family))
+        if self.kinds is None:
+            object.__setattr__(self, "kinds", family.kinds if family else ("txt2img",))
+        if self.fps is None:
+            object.__setattr__(self, "fps", family.default_fps if family else 24)
+
+    @property
+    def video(self) -> bool:
+        """A video model: its jobs make clips (app/kinds/video.py)."""
+        family = FAMILIES.get(self.family)
+        return bool(family and family.video)
+
+    @property
+    def min_steps(self) -> int:
+        family = FAMILIES.get(self.family)
+        return family.min_steps if family else 1
+
+    @property
+    def frame_step(self) -> int:
+        family = FAMILIES.get(self.family)
+        return family.frame_step if family else 1
 
     @property
     def size_tiers(self) -> tuple[tuple[int, int], ...]:
@@ -144,8 +174,10 @@ class ModelSpec:
                 raise CatalogError(f"model {self.name!r}: {dim} breaks the model's own limits")
         if self.default_width * self.default_height > self.max_pixels:
             raise CatalogError(f"model {self.name!r}: default size exceeds max_pixels")
-        if not 1 <= self.default_steps <= self.max_steps:
-            raise CatalogError(f"model {self.name!r}: default_steps must be in 1..max_steps")
+        if not self.min_steps <= self.default_steps <= self.max_steps:
+            raise CatalogError(
+                f"model {self.name!r}: default_steps must be in {self.min_steps}..max_steps"
+            )
         if self.max_steps > MAX_STEPS:
             raise CatalogError(
                 f"model {self.name!r}: max_steps must be at most {MAX_STEPS} (the schedulers "
@@ -226,6 +258,34 @@ class ModelSpec:
                 f"model {self.name!r}: kinds must be some of {sorted(KINDS)}, "
                 f"got {list(self.kinds)}"
             )
+        wrong = [k for k in self.kinds if KINDS[k].video != self.video]
+        if wrong:
+            what = "video" if self.video else "image"
+            raise CatalogError(
+                f"model {self.name!r}: a {self.family} model makes {what}s; it cannot offer "
+                f"the kinds {wrong}"
+            )
+        if self.video:
+            self._check_video()
+
+    def _check_video(self) -> None:
+        step = self.frame_step
+        for name in ("default_frames", "max_frames"):
+            value = getattr(self, name)
+            if value < step + 1 or (value - 1) % step:
+                raise CatalogError(
+                    f"model {self.name!r}: {name} must be k x {step} + 1 frames (k >= 1) for "
+                    f"family {self.family!r}, got {value}"
+                )
+        if self.default_frames > self.max_frames:
+            raise CatalogError(f"model {self.name!r}: default_frames exceeds max_frames")
+        if not 1 <= self.fps <= self.max_fps <= 120:
+            raise CatalogError(f"model {self.name!r}: need 1 <= fps <= max_fps <= 120")
+        if self.max_batch != 1:
+            raise CatalogError(
+                f"model {self.name!r}: video jobs run one per call (max_batch = 1): a clip "
+                "already fills the GPU"
+            )
 
 
 @dataclass(frozen=True)
@@ -274,6 +334,33 @@ def tiny_spec(path: Path, name: str = "tiny", queue: str = "gpu.tiny") -> ModelS
         soft_time_limit=120,
         time_limit=180,
         lora_family="tiny",
+    )
+
+
+def tiny_video_spec(
+    path: Path, name: str = "tiny-video", queue: str = "gpu.tiny-video"
+) -> ModelSpec:
+    """The limits that suit the tiny random-weight LTX-Video model (workers/tiny_video.py):
+    clips of a few frames at CPU-friendly sizes, text to video and image to video."""
+    return ModelSpec(
+        name=name,
+        path=path,
+        queue=queue,
+        family="ltx",
+        dtype="float32",
+        size_multiple=32,
+        min_size=32,
+        max_width=256,
+        max_height=256,
+        max_pixels=256 * 256,
+        default_width=64,
+        default_height=64,
+        max_steps=50,
+        default_steps=4,
+        default_frames=9,
+        max_frames=49,
+        soft_time_limit=120,
+        time_limit=180,
     )
 
 
@@ -327,7 +414,8 @@ def load_catalog(settings: Settings) -> Catalog:
     """The models file named by DIFFQ_MODELS_FILE, or the tiny model alone."""
     if settings.models_file is None:
         spec = tiny_spec(settings.tiny_model_dir)
-        return Catalog(models={spec.name: spec}, default_model=spec.name)
+        video = tiny_video_spec(settings.tiny_video_model_dir)
+        return Catalog(models={spec.name: spec, video.name: video}, default_model=spec.name)
     try:
         data = tomllib.loads(settings.models_file.read_text())
     except FileNotFoundError as exc:

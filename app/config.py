@@ -197,6 +197,10 @@ class Settings:
     def tiny_model_dir(self) -> Path:
         return self.home / "models" / "tiny"
 
+    @property
+    def tiny_video_model_dir(self) -> Path:
+        return self.home / "models" / "tiny-video"
+
 
 def _secret_key(env: Mapping[str, str], home: Path) -> str:
     """The key that signs local file URLs; generated once per home when not given."""

@@ -9,6 +9,16 @@ one the loaded pipeline can run.
 - `sd3`: Stable Diffusion 3 / 3.5, `flux`: FLUX.1: a transformer trained for flow
   matching; only flow-matching schedulers fit (app/rules.py `Scheduler.flow`). Their
   latents are patched 2 x 2 over a VAE that downsamples by 8, so sizes are multiples of 16.
+- `wan`: Wan 2.1 / 2.2 video (`WanPipeline`, `WanImageToVideoPipeline`): a video VAE that
+  downsamples by 8 in space and 4 in time, latents patched 2 x 2: sizes are multiples of 16
+  and a clip has 4k + 1 frames. A text-to-video and an image-to-video checkpoint are two
+  models (the image-to-video transformer takes the first frame's channels too).
+- `ltx`: LTX-Video (`LTXPipeline`, `LTXImageToVideoPipeline`): a VAE that downsamples by 32
+  in space and 8 in time: sizes are multiples of 32, a clip has 8k + 1 frames; one
+  checkpoint runs both kinds.
+
+A video family's pipeline class per job kind is `pipelines` (an image family's kinds use the
+AutoPipelines of app/kinds).
 
 tests/worker/test_families.py runs a tiny random-weight pipeline of each family
 (workers/tiny.py) with every scheduler its family offers.
@@ -28,6 +38,24 @@ class Family:
     # The diffusers pipeline class names (model_index.json `_class_name`) start with one
     # of these; None: any pipeline no other family claims.
     class_prefixes: tuple[str, ...] | None
+    # Video: a clip's frame count is `frame_step` k + 1 (the VAE's temporal compression).
+    video: bool = False
+    frame_step: int = 1
+    default_fps: int = 24  # the frame rate it was trained at (video)
+    # The fewest steps its scheduler runs (LTX-Video's stretches its sigmas to a terminal
+    # value, which one step divides by zero).
+    min_steps: int = 1
+    # The job kinds a model of this family offers unless its catalog entry says otherwise.
+    kinds: tuple[str, ...] = ("txt2img", "img2img", "inpaint")
+    # The diffusers pipeline class each kind runs on, where it is not the kind's
+    # AutoPipeline (video families: diffusers has no video AutoPipeline).
+    pipelines: tuple[tuple[str, str], ...] = ()
+
+    def pipeline_for(self, kind: str) -> str | None:
+        return dict(self.pipelines).get(kind)
+
+    def frames_fit(self, frames: int) -> bool:
+        return frames >= 1 and (frames - 1) % self.frame_step == 0
 
 
 FAMILIES: dict[str, Family] = {
@@ -36,6 +64,30 @@ FAMILIES: dict[str, Family] = {
         "sd3", "Stable Diffusion 3 / 3.5 (MMDiT, flow matching)", True, 16, ("StableDiffusion3",)
     ),
     "flux": Family("flux", "FLUX.1 (flow matching)", True, 16, ("Flux",)),
+    "wan": Family(
+        "wan",
+        "Wan 2.1 / 2.2 video (flow matching; 4k + 1 frames)",
+        True,
+        16,
+        ("Wan",),
+        video=True,
+        frame_step=4,
+        default_fps=16,
+        kinds=("txt2vid",),
+        pipelines=(("txt2vid", "WanPipeline"), ("img2vid", "WanImageToVideoPipeline")),
+    ),
+    "ltx": Family(
+        "ltx",
+        "LTX-Video (flow matching; 8k + 1 frames)",
+        True,
+        32,
+        ("LTX",),
+        video=True,
+        frame_step=8,
+        min_steps=2,
+        kinds=("txt2vid", "img2vid"),
+        pipelines=(("txt2vid", "LTXPipeline"), ("img2vid", "LTXImageToVideoPipeline")),
+    ),
 }
 DEFAULT_FAMILY = "sd"
 

@@ -46,7 +46,7 @@ class Scheduler:
     families: tuple[str, ...] = ("sd",)  # the model families it fits (app/families.py)
 
 
-FLOW = ("sd3", "flux")  # the flow-matching families
+FLOW = ("sd3", "flux", "ltx")  # the flow-matching families FlowMatchEuler fits
 
 SCHEDULERS: dict[str, Scheduler] = {
     "default": Scheduler(None, note="the model's own", families=tuple(FAMILIES)),
@@ -63,7 +63,9 @@ SCHEDULERS: dict[str, Scheduler] = {
         "LCMScheduler", note="few-step models (LCM, LCM-LoRA): 2 to 8 steps", max_steps=50
     ),
     "flow_euler": Scheduler(
-        "FlowMatchEulerDiscreteScheduler", note="flow matching (SD3, FLUX)", families=FLOW
+        "FlowMatchEulerDiscreteScheduler",
+        note="flow matching (SD3, FLUX, LTX-Video)",
+        families=FLOW,
     ),
     # Heun's set_timesteps takes no sigmas: FLUX's resolution-dependent shift passes them.
     "flow_heun": Scheduler(
@@ -117,8 +119,11 @@ def model_limit_errors(spec: ModelSpec, data: dict[str, Any]) -> dict[str, list[
         for name in ("width", "height"):
             add(name, f"width x height must be one of {tiers} for model '{spec.name}'.")
     steps = data.get("steps")
-    if steps is not None and not 1 <= steps <= spec.max_steps:
-        add("steps", f"Must be between 1 and {spec.max_steps} for model '{spec.name}'.")
+    if steps is not None and not spec.min_steps <= steps <= spec.max_steps:
+        add(
+            "steps",
+            f"Must be between {spec.min_steps} and {spec.max_steps} for model '{spec.name}'.",
+        )
     guidance = data.get("guidance_scale")
     if guidance is not None and not 0 <= guidance <= spec.max_guidance:
         add("guidance_scale", f"Must be between 0 and {spec.max_guidance} for model '{spec.name}'.")

@@ -209,16 +209,31 @@ def model() -> None:
 )
 @click.option(
     "--family",
-    type=click.Choice(["sd", "sd3", "flux"]),
+    type=click.Choice(["sd", "sd3", "flux", "wan", "ltx"]),
     default="sd",
     show_default=True,
-    help='the architecture: list an sd3 or flux model with family = "sd3" / "flux"',
+    help="the architecture: list an sd3, flux, wan or ltx model with family = "
+    '"sd3" / "flux" / "wan" / "ltx" (wan and ltx make video; one ltx model serves '
+    "text and image to video)",
 )
-def model_build_tiny(dir, seed, inpainting, family) -> int:
-    """Save a tiny random-weight Stable Diffusion (or SD3, FLUX) pipeline to DIR."""
+@click.option(
+    "--image-to-video",
+    is_flag=True,
+    help="with --family wan: Wan 2.1's image-to-video model (a CLIP image encoder beside "
+    'the T5): list it with kinds = ["img2vid"]',
+)
+def model_build_tiny(dir, seed, inpainting, family, image_to_video) -> int:
+    """Save a tiny random-weight Stable Diffusion (or SD3, FLUX, Wan, LTX-Video) pipeline
+    to DIR."""
     from workers.tiny import build_tiny_model
 
-    path = build_tiny_model(dir, seed=seed, inpainting=inpainting, family=family)
+    if image_to_video and family != "wan":
+        raise click.UsageError("--image-to-video needs --family wan (an ltx model serves both)")
+    if inpainting and family in ("wan", "ltx"):
+        raise click.UsageError(f"--inpainting: no {family} inpainting model")
+    path = build_tiny_model(
+        dir, seed=seed, inpainting=inpainting, family=family, image_to_video=image_to_video
+    )
     print(f"tiny model saved to {path}")
     return 0
 

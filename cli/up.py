@@ -188,6 +188,16 @@ def _wait_ready(
     return False
 
 
+def _build_demo_models(catalog) -> None:
+    """The tiny image and video models of the embedded catalog, built once (offline)."""
+    from workers.tiny import build_tiny_model
+
+    for spec in catalog.models.values():
+        if not spec.path.exists():
+            print(f"building the tiny demo model {spec.name} in {spec.path} ...", flush=True)
+            build_tiny_model(spec.path, family=spec.family)
+
+
 @click.command("up")
 @click.option("--bind", help="host:port (default DIFFQ_API_BIND, 127.0.0.1:8000)")
 def up(bind: str | None) -> int:
@@ -201,12 +211,8 @@ def up(bind: str | None) -> int:
     bind = bind or settings.api_bind
     check_bind(bind)
     settings.home.mkdir(parents=True, exist_ok=True)
-    default = svc.catalog.get(None)
-    if settings.models_file is None and not default.path.exists():
-        print(f"building the tiny demo model in {default.path} ...", flush=True)
-        from workers.tiny import build_tiny_model
-
-        build_tiny_model(default.path)
+    if settings.models_file is None:
+        _build_demo_models(svc.catalog)
     upgrade(settings.database_url)
     key = _demo_key(svc)
     url = f"http://{bind}"

@@ -56,12 +56,30 @@ kinds = ["txt2img"]
 soft_time_limit = 60
 time_limit = 90
 
+[models.tiny-video]
+path = "{tiny_video}"
+queue = "gpu.tiny-video"
+family = "ltx"
+dtype = "float32"
+min_size = 32
+max_width = 128
+max_height = 128
+max_pixels = 16384
+default_width = 64
+default_height = 64
+max_steps = 20
+default_steps = 2
+default_frames = 9
+max_frames = 25
+soft_time_limit = 60
+time_limit = 90
+
 [adapters.ink]
 path = "{adapter}"
 family = "tiny"
 """
 
-QUEUES = ["gpu.tiny", "gpu.tiny-b"]
+QUEUES = ["gpu.tiny", "gpu.tiny-b", "gpu.tiny-video"]
 
 
 @dataclass
@@ -81,12 +99,20 @@ class Stack:
             step()
 
 
-def build_tiny_model(path: Path) -> Path:
+def build_tiny_model(path: Path, family: str = "sd") -> Path:
     subprocess.run(
-        [sys.executable, "-m", "cli", "model", "build-tiny", str(path)],
+        [sys.executable, "-m", "cli", "model", "build-tiny", "--family", family, str(path)],
         check=True,
         capture_output=True,
     )
+    return path
+
+
+def build_tiny_video_model(stack: Stack) -> Path:
+    """The models file's `tiny-video` (a tiny LTX-Video), built when a test first needs it."""
+    path = stack.workdir / "models" / "tiny-video"
+    if not path.exists():
+        build_tiny_model(path, family="ltx")
     return path
 
 
@@ -101,7 +127,8 @@ def start_stack(workdir: Path, extra_env: dict[str, str] | None = None) -> Stack
 
     adapter = workdir / "models" / "ink.safetensors"
     adapter.write_bytes(build_tiny_lora(seed=11))
-    models_file.write_text(MODELS_TOML.format(tiny=tiny, adapter=adapter))
+    tiny_video = workdir / "models" / "tiny-video"  # built by build_tiny_video_model
+    models_file.write_text(MODELS_TOML.format(tiny=tiny, adapter=adapter, tiny_video=tiny_video))
     cleanup: list = []
     try:
         db_name = f"diffq_test_{run}"

@@ -20,7 +20,7 @@ import pytest
 
 from testbed.embedded import EmbeddedService
 from testbed.processes import ApiServer, ManagedProcess, start_worker
-from testbed.stack import Stack, start_stack
+from testbed.stack import Stack, build_tiny_video_model, start_stack
 from tests.faults.harness import REPORT, Figures, write_report
 
 
@@ -39,6 +39,16 @@ def stack(tmp_path_factory) -> Stack:
 def worker(stack) -> ManagedProcess:
     """A real Celery worker serving model `tiny` (queue gpu.tiny) on the CPU."""
     process = start_worker(stack.env, stack.logs, "worker-tiny", models="tiny")
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def video_worker(stack) -> ManagedProcess:
+    """A real Celery worker serving model `tiny-video` (a tiny LTX-Video, queue
+    gpu.tiny-video) on the CPU."""
+    build_tiny_video_model(stack)
+    process = start_worker(stack.env, stack.logs, "worker-tiny-video", models="tiny-video")
     yield process
     process.stop()
 

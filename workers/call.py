@@ -39,7 +39,7 @@ class Interrupted(Exception):
 class Generation:
     """One job's part of a call."""
 
-    images: list[Any]
+    images: list[Any]  # PIL images; for a video kind, one clip: an array (F, H, W, 3)
     # Per image: True where the model's safety checker blacked it out.
     nsfw: list[bool]
     # The scheduler the call ran with (its class and configuration go in the manifest).
@@ -71,7 +71,9 @@ def kind_pipeline(model: LoadedModel, kind: JobKind) -> Any:
     """The kind's pipeline on the model's weights, derived once per model."""
     pipeline = model.kind_pipelines.get(kind.name)
     if pipeline is None:
-        pipeline = model.kind_pipelines[kind.name] = _derive(model.pipeline, kind.pipeline)
+        pipeline = model.kind_pipelines[kind.name] = _derive(
+            model.pipeline, kind.pipeline_for(model.spec.family)
+        )
     return pipeline
 
 
@@ -87,13 +89,18 @@ def _derive(base: Any, auto_class: str) -> Any:
     return derived
 
 
+# Keywords a kind passes that only some of its pipelines take (LTX-Video's `frame_rate`).
+OPTIONAL_KEYWORDS = ("frame_rate",)
+
+
 def _sized(pipeline: Any, arguments: dict[str, Any], job: JobRequest) -> dict[str, Any]:
     """The job's output size for a pipeline that takes one where the kind left it out
     (image to image: the input's size is the output's; FLUX's image-to-image would make
-    its default 1024² instead)."""
+    its default 1024² instead); the optional keywords this pipeline does not take left out."""
     import inspect
 
     accepted = inspect.signature(pipeline.__call__).parameters
+    arguments = {k: v for k, v in arguments.items() if k not in OPTIONAL_KEYWORDS or k in accepted}
     if "width" in accepted and "height" in accepted and "width" not in arguments:
         return {**arguments, "width": job.width, "height": job.height}
     return arguments
@@ -177,7 +184,7 @@ def generate(
         finally:
             pipeline.scheduler = model.scheduler  # between calls, the model's own
             restore(pipeline, eager)  # and its eager denoiser
-    images = list(output.images)
+    images = kind.outputs(output)  # per row: an image, or a clip's frames
     flagged = getattr(output, "nsfw_content_detected", None) or [False] * len(images)
     results: list[Generation | None] = []
     for index in range(len(jobs)):

@@ -86,13 +86,14 @@ def refused(rt: WorkerRuntime, job: Job, exc: DataError) -> Outcome:
 def succeed(
     rt: WorkerRuntime,
     job: Job,
-    uploaded: list[dict[str, Any]],
+    files: dict[str, list[dict[str, Any]]],
     steps: int,
     outcome: dict[str, Any],
     timing: tuple[float, float],
     progress_writes: int,
 ) -> Outcome:
-    """Record a job's images (uploaded), its charge, manifest and cache key."""
+    """Record a job's files (uploaded: `images`, and a clip's `videos`), its charge,
+    manifest and cache key."""
     started, generated = timing
     try:
         recorded = record(
@@ -101,7 +102,7 @@ def succeed(
                 session,
                 job.id,
                 owner=rt.owner,
-                result={"images": uploaded, "steps": steps},
+                result={**files, "steps": steps},
                 **outcome,
             ),
         )

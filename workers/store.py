@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from app import usage
 from app.jobs.cache import cache_key
 from app.jobs.states import ErrorCode
+from app.kinds import kind_of
 from app.logs import job_context
 from app.storage import StorageUnavailable, image_key
 from app.storage.retry import put_with_retry
@@ -71,16 +72,19 @@ def finish(
     """Encode, upload and record a generated job (inline, or on the post-processing thread)."""
     job = member.job
     try:
-        uploaded = _encode_and_upload(rt, member, output.images)
+        if kind_of(member.request).video:
+            files = _encode_and_upload_clip(rt, member, output.images[0], outcome["manifest"])
+        else:
+            files = {"images": _encode_and_upload(rt, member, output.images)}
     except StorageUnavailable as exc:
         return record.fail(rt, job, ErrorCode.STORAGE_UNAVAILABLE, str(exc))
     except Exception as exc:  # noqa: BLE001 (recorded in crashed)
         return record.crashed(rt, job, exc)
-    for entry, flagged in zip(uploaded, output.nsfw, strict=True):
+    for entry, flagged in zip(files["images"], output.nsfw, strict=True):
         if flagged:
             entry["nsfw_filtered"] = True  # a black image, not what was asked for
     steps = member.request.denoise_steps
-    return record.succeed(rt, job, uploaded, steps, outcome, timing, member.reporter.writes)
+    return record.succeed(rt, job, files, steps, outcome, timing, member.reporter.writes)
 
 
 def _finish_later(
@@ -122,32 +126,71 @@ def _finish_later(
     return Outcome(Verdict.HANDED_OVER, "generated; encode, upload and record handed over")
 
 
+def _put(rt: WorkerRuntime, key: str, data: bytes, content_type: str) -> dict[str, Any]:
+    """One file into the result store (with retry and backoff); its entry's common part."""
+    settings = rt.settings
+    put_with_retry(
+        rt.storage,
+        key,
+        data,
+        content_type,
+        retries=settings.upload_retries,
+        backoff=settings.upload_backoff,
+        backoff_max=settings.upload_backoff_max,
+    )
+    return {
+        "key": key,
+        "content_type": content_type,
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+
+
 def _encode_and_upload(
     rt: WorkerRuntime, member: Member, images: list[Any]
 ) -> list[dict[str, Any]]:
-    settings, job, request = rt.settings, member.job, member.request
+    job, request = member.job, member.request
     results = []
     for index, image in enumerate(images):
         encoded = encode_image(image, request.output_format)
         key = image_key(job.tenant_id, job.id, index, encoded.extension)
-        put_with_retry(
-            rt.storage,
-            key,
-            encoded.data,
-            encoded.content_type,
-            retries=settings.upload_retries,
-            backoff=settings.upload_backoff,
-            backoff_max=settings.upload_backoff_max,
-        )
-        results.append(
-            {
-                "key": key,
-                "width": encoded.width,
-                "height": encoded.height,
-                "seed": request.image_seed(index),
-                "content_type": encoded.content_type,
-                "bytes": len(encoded.data),
-                "sha256": hashlib.sha256(encoded.data).hexdigest(),
-            }
-        )
+        entry = _put(rt, key, encoded.data, encoded.content_type)
+        seed = request.image_seed(index)
+        results.append({**entry, "width": encoded.width, "height": encoded.height, "seed": seed})
     return results
+
+
+def _encode_and_upload_clip(
+    rt: WorkerRuntime, member: Member, frames: Any, manifest: dict[str, Any]
+) -> dict[str, list[dict[str, Any]]]:
+    """A clip as an MP4 (encoded frame by frame) and its poster frame in the job's output
+    format: `videos` and `images` of the result. The encoding goes in the manifest."""
+    from workers.video import encode_video, poster
+
+    job, request = member.job, member.request
+    clip = encode_video(frames, request.fps)
+    video = _put(
+        rt, image_key(job.tenant_id, job.id, 0, clip.extension), clip.data, clip.content_type
+    )
+    video.update(
+        width=clip.width,
+        height=clip.height,
+        frames=clip.frames,
+        fps=clip.fps,
+        seconds=round(clip.seconds, 3),
+        seed=request.seed,
+    )
+    still = encode_image(poster(frames[0]), request.output_format)
+    image = _put(
+        rt, image_key(job.tenant_id, job.id, 0, still.extension), still.data, still.content_type
+    )
+    image.update(width=still.width, height=still.height, seed=request.seed, poster=True)
+    manifest["video"] = {
+        "frames": clip.frames,
+        "fps": clip.fps,
+        "codec": clip.codec,
+        "pix_fmt": "yuv420p",
+        "container": "mp4 (faststart)",
+        "encoder": clip.encoder,
+    }
+    return {"images": [image], "videos": [video]}

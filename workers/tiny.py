@@ -1,5 +1,5 @@
 """Build a tiny random-weight Stable Diffusion pipeline with an offline tokenizer (SD3
-and FLUX: workers/tiny_flow.py)."""
+and FLUX: workers/tiny_flow.py; Wan and LTX-Video: workers/tiny_video.py)."""
 
 from __future__ import annotations
 
@@ -88,12 +88,30 @@ def build_tiny_pipeline(seed: int = 0, *, inpainting: bool = False):
 
 
 def build_tiny_model(
-    out_dir: str | Path, seed: int = 0, *, inpainting: bool = False, family: str = "sd"
+    out_dir: str | Path,
+    seed: int = 0,
+    *,
+    inpainting: bool = False,
+    family: str = "sd",
+    image_to_video: bool = False,
 ) -> Path:
     """Save the tiny pipeline of a family (app/families.py) with save_pretrained; it loads
-    back with from_pretrained."""
+    back with from_pretrained. `image_to_video` (family "wan" only): Wan 2.1's
+    image-to-video model, a pipeline of its own; LTX's one model serves both (its
+    image-to-video pipeline is `LTXImageToVideoPipeline.from_pipe`)."""
+    if image_to_video and family != "wan":
+        raise ValueError(f"no tiny {family!r} model for image to video (only 'wan' has one)")
     if family == "sd":
         pipeline = build_tiny_pipeline(seed, inpainting=inpainting)
+    elif family in ("wan", "ltx"):
+        from workers.tiny_video import build_tiny_ltx, build_tiny_wan
+
+        if inpainting:
+            raise ValueError(f"no tiny {family!r} model for inpainting")
+        if family == "wan":
+            pipeline = build_tiny_wan(seed, image_to_video=image_to_video)
+        else:
+            pipeline = build_tiny_ltx(seed)
     else:
         from workers.tiny_flow import BUILDERS
 

@@ -15,6 +15,7 @@ from app.db.models import Job, Upload
 from app.db.session import Database
 from app.db.types import utcnow
 from app.jobs import transitions
+from app.jobs.results import result_keys
 from app.jobs.states import JobStatus
 from app.kinds import KINDS
 from app.storage import Storage, StorageError
@@ -45,8 +46,8 @@ def remove_expired_results(
     for job in jobs:
         try:
             # A cached copy's images are its source's: they go with the source.
-            for image in [] if job.cached_from else (job.result or {}).get("images", []):
-                storage.delete(image["key"])
+            for key in [] if job.cached_from else result_keys(job.result):
+                storage.delete(key)
         except StorageError as exc:
             log.warning("retention: job %s images not deleted yet (%s)", job.id, exc)
             continue  # the row keeps its result until the objects are gone

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from app.db.models import Job, ModelDigest
 from app.db.types import utcnow
 from app.jobs import transitions
+from app.jobs.results import RESULT_FILES
 from app.jobs.states import JobStatus
 from app.kinds import JobRequest
 from app.rules import SCHEDULERS
@@ -86,7 +87,11 @@ def serve_from_cache(session: Session, job: Job, source: Job) -> None:
         job.id,
         Job.status == JobStatus.QUEUED,
         status=JobStatus.SUCCEEDED,
-        result={"images": list((source.result or {}).get("images", []))},
+        result={
+            name: list(files)
+            for name, files in (source.result or {}).items()
+            if name in RESULT_FILES
+        },
         manifest=source.manifest,
         cached_from=source.cached_from or source.id,
         progress=transitions.progress_of("done", steps, steps),

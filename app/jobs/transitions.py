@@ -20,6 +20,7 @@ from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs import changes
 from app.jobs.notify import CANCEL_CHANNEL, JOB_CHANNEL, job_changed_payload, notify
+from app.jobs.results import RESULT_FILES
 from app.jobs.states import ErrorCode, JobStatus
 
 
@@ -181,7 +182,7 @@ def finish_succeeded(
         Job.status == JobStatus.RUNNING,
         Job.lease_owner == owner,
         status=JobStatus.SUCCEEDED,
-        result={"images": result["images"]},
+        result={name: result[name] for name in RESULT_FILES if name in result},
         progress=progress_of("done", steps, steps),
         finished_at=clock.now(session),
         lease_owner=None,

@@ -19,6 +19,7 @@ from marshmallow import fields
 
 from app.db.models import Job
 from app.jobs.queue_info import QueueInfo
+from app.jobs.results import RESULT_FILES
 from app.storage import Storage
 from app.webhooks.events import selected
 
@@ -69,12 +70,15 @@ def job_view(
 ) -> dict[str, Any]:
     result = None
     if job.result is not None:
-        images = []
-        for image in job.result.get("images", []):
-            shown = {k: v for k, v in image.items() if k != "key"}
-            shown["url"] = image_url(storage, image["key"], presign_ttl, base_url)
-            images.append(shown)
-        result = {"images": images, "manifest": job.manifest}
+        result = {"images": [], "manifest": job.manifest}
+        for name in RESULT_FILES:  # a clip's job: its poster in images, the MP4 in videos
+            if name not in job.result:
+                continue
+            shown_files = result[name] = []
+            for entry in job.result[name]:
+                shown = {k: v for k, v in entry.items() if k != "key"}
+                shown["url"] = image_url(storage, entry["key"], presign_ttl, base_url)
+                shown_files.append(shown)
     error = {"code": job.error_code, "message": job.error_message} if job.error_code else None
     return {
         "id": job.id,
@@ -183,6 +187,7 @@ class ImageSchema(ma.Schema):
     content_type = fields.String()
     bytes = fields.Integer()
     sha256 = fields.String(metadata={"description": "SHA-256 of the image file, hex."})
+    poster = fields.Boolean(metadata={"description": "A video job's poster frame (its first)."})
 
 
 class VersionsSchema(ma.Schema):
@@ -190,6 +195,17 @@ class VersionsSchema(ma.Schema):
     diffusers = fields.String()
     torch = fields.String()
     transformers = fields.String()
+
+
+class VideoManifestSchema(ma.Schema):
+    frames = fields.Integer()
+    fps = fields.Integer()
+    codec = fields.String(metadata={"example": "h264"})
+    pix_fmt = fields.String(metadata={"example": "yuv420p"})
+    container = fields.String(metadata={"example": "mp4 (faststart)"})
+    encoder = fields.String(
+        metadata={"description": "The encoder and its library versions.", "example": "libx264"}
+    )
 
 
 class SchedulerManifestSchema(ma.Schema):
@@ -239,10 +255,36 @@ class ManifestSchema(ma.Schema):
     dtype = fields.String(metadata={"example": "float16"})
     device = fields.String(metadata={"example": "NVIDIA H100 80GB HBM3"})
     versions = fields.Nested(VersionsSchema)
+    video = fields.Nested(
+        VideoManifestSchema, metadata={"description": "A clip's encoding (video jobs only)."}
+    )
+
+
+class VideoFileSchema(ma.Schema):
+    url = fields.String(metadata={"description": "Downloads without an API key; expires."})
+    width = fields.Integer()
+    height = fields.Integer()
+    frames = fields.Integer(metadata={"example": 33})
+    fps = fields.Integer(metadata={"example": 16})
+    seconds = fields.Float(metadata={"description": "frames / fps", "example": 2.062})
+    seed = fields.Integer()
+    content_type = fields.String(metadata={"example": "video/mp4"})
+    bytes = fields.Integer()
+    sha256 = fields.String(metadata={"description": "SHA-256 of the MP4 file, hex."})
 
 
 class ResultSchema(ma.Schema):
-    images = fields.List(fields.Nested(ImageSchema))
+    images = fields.List(
+        fields.Nested(ImageSchema),
+        metadata={"description": "The images; for a video job, its poster (first) frame."},
+    )
+    videos = fields.List(
+        fields.Nested(VideoFileSchema),
+        metadata={
+            "description": "A video job's clip: an MP4 (H.264, yuv420p, faststart) that "
+            "browsers play. Absent for image jobs."
+        },
+    )
     manifest = fields.Nested(
         ManifestSchema,
         allow_none=True,

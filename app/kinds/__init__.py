@@ -14,10 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.kinds import img2img, inpaint, txt2img
+from app.kinds import img2img, inpaint, txt2img, video
 from app.kinds.base import JobKind, JobRequest
 
-KINDS: dict[str, JobKind] = {kind.name: kind for kind in (txt2img.KIND, img2img.KIND, inpaint.KIND)}
+KINDS: dict[str, JobKind] = {
+    kind.name: kind
+    for kind in (txt2img.KIND, img2img.KIND, inpaint.KIND, video.TXT2VID, video.IMG2VID)
+}
 DEFAULT_KIND = txt2img.KIND.name
 # Keys a stored input of an earlier version may lack, with the value it ran with.
 EARLIER_DEFAULTS = {

@@ -148,6 +148,8 @@ class JobKind:
     # those of them read as masks (L: white = repaint).
     image_fields: ClassVar[tuple[str, ...]] = ()
     mask_fields: ClassVar[tuple[str, ...]] = ()
+    # A video kind (app/kinds/video.py): a job makes one clip, on a video model alone.
+    video: ClassVar[bool] = False
     # Input fields that must be equal for two jobs to share one pipeline call.
     batch_fields: ClassVar[tuple[str, ...]] = (
         "kind",
@@ -159,6 +161,18 @@ class JobKind:
         "scheduler",
         "adapter_set",
     )
+
+    def pipeline_for(self, family: str) -> str:
+        """The diffusers class (an AutoPipeline for the image families) that runs this kind
+        on a model of `family` (app/families.py `pipelines`)."""
+        from app.families import FAMILIES
+
+        chosen = FAMILIES[family].pipeline_for(self.name) if family in FAMILIES else None
+        return chosen or self.pipeline
+
+    def outputs(self, output: Any) -> list[Any]:
+        """What the pipeline made, one entry per row (an image; a clip's frames)."""
+        return list(output.images)
 
     def api_fields(self) -> dict[str, ma.fields.Field]:
         """The request fields only this kind takes (POST /v1/jobs), beyond the shared ones."""

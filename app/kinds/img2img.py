@@ -43,7 +43,7 @@ class ImageKind(JobKind):
 
     def api_fields(self) -> dict[str, Any]:
         return {
-            "image": image_field("img2img, inpaint", "The input image."),
+            "image": image_field("img2img, inpaint, img2vid", "The input image."),
             "strength": strength_field(),
         }
 

@@ -53,6 +53,7 @@ def create_app(settings: Settings | None = None, *, celery=None) -> Flask:
     from app.web.resources.jobs.ws import blp as ws_blp
     from app.web.resources.models.routes import blp as models_blp
     from app.web.resources.openai.routes import blp as openai_blp
+    from app.web.resources.openai.videos import blp as videos_blp
     from app.web.resources.uploads.routes import blp as uploads_blp
     from app.web.resources.usage.routes import blp as usage_blp
     from app.web.ui.routes import blp as ui_blp
@@ -69,6 +70,7 @@ def create_app(settings: Settings | None = None, *, celery=None) -> Flask:
         health_blp,
         files_blp,
         openai_blp,
+        videos_blp,
         batches_blp,
         batch_files_blp,
     )

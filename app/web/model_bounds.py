@@ -29,8 +29,13 @@ def _per_model(models: list[ModelSpec], describe) -> str:
 
 
 def bounds(catalog: Catalog) -> dict[str, dict[str, Any]]:
-    """JSON Schema keywords to add to each property of the submit schema."""
-    models = sorted(catalog.models.values(), key=lambda m: m.name)
+    """JSON Schema keywords to add to each property of the submit schema. The shared
+    fields' bounds are those every image model accepts (a video model takes only the video
+    kinds, with their own rules: `num_frames`, `fps`, one clip a job); the video models are
+    named with their limits in those fields' descriptions."""
+    every = sorted(catalog.models.values(), key=lambda m: m.name)
+    models = [m for m in every if not m.video] or every
+    videos = [m for m in every if m.video]
     multiple = math.lcm(*(m.size_multiple for m in models))
     low = -(-max(m.min_size for m in models) // multiple) * multiple
     schedulers = [s for s in models[0].schedulers if all(s in m.schedulers for m in models)]
@@ -40,10 +45,13 @@ def bounds(catalog: Catalog) -> dict[str, dict[str, Any]]:
         "height": _side(models, multiple, "max_height"),
     }
     out: dict[str, dict[str, Any]] = {
-        "model": {"enum": [m.name for m in models]},
+        "model": {"enum": [m.name for m in every]},
         "prompt": {"maxLength": prompt_chars},
         "negative_prompt": {"maxLength": prompt_chars},
-        "steps": {"minimum": 1, "maximum": min(m.max_steps for m in models)},
+        "steps": {
+            "minimum": max(m.min_steps for m in models),
+            "maximum": min(m.max_steps for m in models),
+        },
         "guidance_scale": {"minimum": 0, "maximum": min(m.max_guidance for m in models)},
         "num_images": {"minimum": 1, "maximum": min(m.max_num_images for m in models)},
         "scheduler": {"enum": schedulers},
@@ -62,6 +70,27 @@ def bounds(catalog: Catalog) -> dict[str, dict[str, Any]]:
                 ),
             ),
         }
+    if videos:
+        out["num_frames"] = {
+            "x-per-model": _per_model(
+                videos,
+                lambda m: (
+                    f"k x {m.frame_step} + 1, {m.frame_step + 1}..{m.max_frames} "
+                    f"(default {m.default_frames})"
+                ),
+            )
+        }
+        out["fps"] = {
+            "x-per-model": _per_model(videos, lambda m: f"1..{m.max_fps} (default {m.fps})")
+        }
+        for field, attr in (("width", "max_width"), ("height", "max_height")):
+            out[field]["x-per-model"] += "; " + _per_model(
+                videos,
+                lambda m, attr=attr: (
+                    f"multiple of {m.size_multiple}, {m.min_size}..{getattr(m, attr)}, "
+                    f"width x height <= {m.max_pixels} (video)"
+                ),
+            )
     return out
 
 

@@ -34,10 +34,45 @@ def test_models_list_every_model_with_its_limits(client, tenant_key, flask_app):
         assert "path" not in model and "queue" not in model
     kinds = {model["name"]: model["kinds"] for model in body["data"]}
     assert kinds["tiny"] == ["txt2img", "img2img", "inpaint"] and kinds["tiny-b"] == ["txt2img"]
+    assert kinds["tiny-video"] == ["txt2vid", "img2vid"]
     adapters = {
         m["name"]: (m["lora_family"], m["max_loras"], m["shared_adapters"]) for m in body["data"]
     }
-    assert adapters == {"tiny": ("tiny", 2, ["ink"]), "tiny-b": (None, 0, [])}
+    assert adapters == {
+        "tiny": ("tiny", 2, ["ink"]),
+        "tiny-b": (None, 0, []),
+        "tiny-video": (None, 0, []),
+    }
+    video = {m["name"]: m["video"] for m in body["data"]}
+    assert video["tiny"] is None
+    assert video["tiny-video"] == {
+        "fps": 24,
+        "max_fps": 60,
+        "default_frames": 9,
+        "max_frames": 25,
+        "frame_step": 8,
+    }
+
+
+def test_a_clip_is_estimated_by_its_frames(client, tenant_key):
+    def estimate(**query):
+        response = client.get(
+            "/v1/models/tiny-video/estimate", query_string=query, headers=auth(tenant_key)
+        )
+        assert response.status_code == 200, response.json
+        return response.json
+
+    assert estimate(kind="txt2vid", num_frames=9)["model"] == "tiny-video"
+    refused = client.get(
+        "/v1/models/tiny-video/estimate",
+        query_string={"kind": "txt2vid", "num_frames": 10},
+        headers=auth(tenant_key),
+    )
+    assert refused.status_code == 422 and "num_frames" in refused.json["errors"]["query"]
+    foreign = client.get(
+        "/v1/models/tiny/estimate", query_string={"num_frames": 9}, headers=auth(tenant_key)
+    )
+    assert foreign.status_code == 422 and "num_frames" in foreign.json["errors"]["query"]
 
 
 @pytest.mark.parametrize(

@@ -16,11 +16,14 @@ def _catalog(tmp_path, text: str):
     )
 
 
-def test_without_a_models_file_the_tiny_model_is_the_default(tmp_path):
+def test_without_a_models_file_the_tiny_models_are_served(tmp_path):
     catalog = load_catalog(load_settings({"DIFFQ_HOME": str(tmp_path)}))
     assert catalog.default_model == "tiny"
     assert catalog.get(None).path == tmp_path / "models" / "tiny"
-    assert catalog.queues == ["gpu.tiny"]
+    video = catalog.get("tiny-video")
+    assert video.path == tmp_path / "models" / "tiny-video"
+    assert video.video and video.kinds == ("txt2vid", "img2vid")
+    assert catalog.queues == ["gpu.tiny", "gpu.tiny-video"]
 
 
 def test_entries_get_their_own_queue_and_relative_paths_resolve(tmp_path):

@@ -61,6 +61,29 @@ SUBMIT_EXAMPLES = {
             "steps": 20,
         },
     },
+    "txt2vid": {
+        "summary": "Text to video: a clip of 25 frames at 24 fps (a video model)",
+        "value": {
+            "kind": "txt2vid",
+            "model": "tiny-video",
+            "prompt": "a paper boat drifting down a rain gutter",
+            "num_frames": 25,
+            "fps": 24,
+            "steps": 4,
+            "seed": 42,
+        },
+    },
+    "img2vid": {
+        "summary": "Image to video: an upload as the first frame",
+        "value": {
+            "kind": "img2vid",
+            "model": "tiny-video",
+            "prompt": "the lighthouse's beam sweeps through fog",
+            "image": "01a1f3c2-7b7e-7c4d-9a59-3f2f0d1c8e11",
+            "num_frames": 17,
+            "steps": 4,
+        },
+    },
     "loras": {
         "summary": "Text to image with a LoRA adapter of the tenant's",
         "value": {

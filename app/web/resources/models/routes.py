@@ -38,6 +38,15 @@ def _view(spec: ModelSpec, default: str) -> dict:
         "sizes": list(spec.sizes),
         "sizes_required": spec.sizes_required,
         "kinds": list(spec.kinds),
+        "video": {
+            "fps": spec.fps,
+            "max_fps": spec.max_fps,
+            "default_frames": spec.default_frames,
+            "max_frames": spec.max_frames,
+            "frame_step": spec.frame_step,
+        }
+        if spec.video
+        else None,
         "lora_family": spec.lora_family or None,
         "max_loras": spec.max_loras if spec.lora_family else 0,
         "shared_adapters": sorted(
@@ -81,8 +90,9 @@ class ModelEstimate(MethodView):
         if kind.name not in spec.kinds:
             offered = ", ".join(spec.kinds)
             abort(422, errors={"query": {"kind": [f"Model '{name}' offers: {offered}."]}})
-        if "strength" in args and "strength" not in kind.api_fields():
-            abort(422, errors={"query": {"strength": [f"Not a field of kind '{kind.name}'."]}})
+        for own in ("strength", "num_frames", "fps"):
+            if own in args and own not in kind.api_fields():
+                abort(422, errors={"query": {own: [f"Not a field of kind '{kind.name}'."]}})
         # The job's request as a submit would normalize it: its prompt does not count,
         # and its input images only by their size (the output's).
         width = args.get("width", spec.default_width)

@@ -25,6 +25,16 @@ LIMIT_FIELDS = (
 )
 
 
+class VideoLimitsSchema(ma.Schema):
+    fps = fields.Integer(metadata={"description": "A clip's default frames per second."})
+    max_fps = fields.Integer()
+    default_frames = fields.Integer()
+    max_frames = fields.Integer()
+    frame_step = fields.Integer(
+        metadata={"description": "A clip has k x frame_step + 1 frames (Wan 4, LTX-Video 8)."}
+    )
+
+
 class ModelSchema(ma.Schema):
     name = fields.String(metadata={"description": "The value of a job's `model`."})
     default = fields.Boolean(metadata={"description": "Used when a job names no model."})
@@ -55,7 +65,7 @@ class ModelSchema(ma.Schema):
     family = fields.String(
         metadata={
             "description": "The model's architecture: sd (Stable Diffusion 1.x, 2.x, SDXL), "
-            "sd3 or flux (flow matching: only flow-matching schedulers).",
+            "sd3 or flux (flow matching: only flow-matching schedulers); wan or ltx (video).",
             "example": "sd",
         }
     )
@@ -85,6 +95,14 @@ class ModelSchema(ma.Schema):
             "description": "The job kinds (a job's `kind`) this model offers; a job of "
             "another kind is a 422 naming `kind`.",
             "example": ["txt2img", "img2img", "inpaint"],
+        },
+    )
+    video = fields.Nested(
+        VideoLimitsSchema,
+        allow_none=True,
+        metadata={
+            "description": "A video model's frame rules (family wan or ltx); null for "
+            "an image model."
         },
     )
     lora_family = fields.String(
@@ -130,6 +148,13 @@ class EstimateQuerySchema(ma.Schema):
             "a tenth to its work. At most the model's `max_loras`."
         },
     )
+    num_frames = fields.Integer(
+        metadata={
+            "description": "Kinds txt2vid, img2vid: the clip's frames (the default if "
+            "absent); a video's work is steps x frames x pixels."
+        }
+    )
+    fps = fields.Integer(metadata={"description": "Kinds txt2vid, img2vid."})
     strength = fields.Float(
         allow_nan=False,
         validate=validate.Range(min=0.0, max=1.0),

@@ -1,0 +1,232 @@
+"""Video jobs through the whole path, on both modes (`served_video`: PostgreSQL, RabbitMQ,
+S3 and a worker serving the tiny LTX-Video model; then `diffq up`'s embedded stores, whose
+default catalog serves `tiny-video`): the API, the broker, the worker's pipeline call, the
+MP4 encoded frame by frame, both files in the store, the job's outcome; the OpenAI Videos
+API with the real `openai` client; and each refusal a 422 naming its field, with nothing
+queued."""
+
+from __future__ import annotations
+
+import base64
+import io
+from dataclasses import dataclass
+
+import openai
+import pytest
+import requests
+from PIL import Image
+
+from testbed.jobs import auth, submit, wait_terminal
+from workers.video import probe
+
+MODEL = "tiny-video"
+
+
+@dataclass(frozen=True)
+class ServedVideo:
+    mode: str
+    url: str
+    key: str
+    other_key: str
+
+
+@pytest.fixture(params=["production", "embedded"])
+def served_video(request) -> ServedVideo:
+    if request.param == "production":
+        api = request.getfixturevalue("api_server")
+        request.getfixturevalue("video_worker")
+        return ServedVideo(
+            "production",
+            api.url,
+            request.getfixturevalue("tenant_key"),
+            request.getfixturevalue("other_key"),
+        )
+    up = request.getfixturevalue("embedded")
+    return ServedVideo("embedded", up.url, up.new_key(), up.new_key("o"))
+
+
+def _get(url: str) -> bytes:
+    response = requests.get(url, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.content
+
+
+def _data_uri(size: tuple[int, int], color=(200, 40, 40)) -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, color).save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _job_count(served: ServedVideo) -> int:
+    page = requests.get(
+        f"{served.url}/v1/jobs", params={"limit": 100}, headers=auth(served.key), timeout=10
+    )
+    return len(page.json()["data"])
+
+
+def test_a_clip_goes_through_the_queue_as_an_mp4_and_a_poster(served_video):
+    job = submit(
+        served_video.url,
+        served_video.key,
+        kind="txt2vid",
+        model=MODEL,
+        prompt="a paper boat in the rain",
+        num_frames=17,
+        fps=12,
+        steps=3,
+        width=96,
+        height=64,
+        seed=7,
+    )
+    assert job["input"]["num_frames"] == 17 and job["input"]["fps"] == 12
+    done = wait_terminal(served_video.url, served_video.key, job["id"], timeout=120)
+    assert done["status"] == "succeeded", done
+    assert done["progress"]["total_steps"] == 3 and done["progress"]["step"] == 3
+    (video,) = done["result"]["videos"]
+    (poster,) = done["result"]["images"]
+    assert video["frames"] == 17 and video["fps"] == 12 and video["content_type"] == "video/mp4"
+    clip = probe(_get(video["url"]))
+    print(f"\n{served_video.mode}: {clip}")
+    assert clip["codec"] == "h264" and clip["pix_fmt"] == "yuv420p"
+    assert (clip["width"], clip["height"], clip["frames"]) == (96, 64, 17)
+    assert clip["faststart"] is True
+    assert abs(clip["duration"] - 17 / 12) < 0.1
+    assert poster["poster"] is True
+    still = Image.open(io.BytesIO(_get(poster["url"])))
+    assert still.size == (96, 64)
+    manifest = done["result"]["manifest"]
+    assert manifest["video"]["frames"] == 17 and manifest["video"]["codec"] == "h264"
+    assert "libx264" in manifest["video"]["encoder"]
+
+
+def test_a_first_frame_of_another_shape_is_cropped_and_the_clip_keeps_its_shape(served_video):
+    job = submit(
+        served_video.url,
+        served_video.key,
+        kind="img2vid",
+        model=MODEL,
+        prompt="the red square wakes up",
+        image=_data_uri((200, 100)),
+        num_frames=9,
+        width=64,
+        height=64,
+        steps=2,
+    )
+    done = wait_terminal(served_video.url, served_video.key, job["id"], timeout=120)
+    assert done["status"] == "succeeded", done
+    clip = probe(_get(done["result"]["videos"][0]["url"]))
+    assert (clip["width"], clip["height"], clip["frames"]) == (64, 64, 9)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"kind": "txt2vid", "model": MODEL, "num_frames": 10}, "num_frames"),
+        ({"kind": "txt2vid", "model": MODEL, "num_frames": 9999}, "num_frames"),
+        ({"kind": "txt2vid", "model": MODEL, "fps": 0}, "fps"),
+        ({"kind": "txt2vid", "model": MODEL, "width": 48}, "width"),
+        ({"kind": "txt2vid", "model": MODEL, "num_images": 2}, "num_images"),
+        ({"kind": "txt2vid", "model": "tiny"}, "kind"),
+        ({"kind": "txt2img", "model": MODEL}, "kind"),
+        ({"kind": "img2vid", "model": MODEL}, "image"),
+        ({"kind": "img2vid", "model": MODEL, "image": "data:image/png;base64,AAAA"}, "image"),
+        ({"kind": "txt2img", "model": "tiny", "num_frames": 9}, "num_frames"),
+    ],
+)
+def test_what_a_video_model_cannot_run_is_a_422_naming_the_field(served_video, body, field):
+    before = _job_count(served_video)
+    response = requests.post(
+        f"{served_video.url}/v1/jobs",
+        json={"prompt": "x", **body},
+        headers=auth(served_video.key),
+        timeout=10,
+    )
+    assert response.status_code == 422, response.text
+    assert field in response.json()["errors"]["json"], response.text
+    assert _job_count(served_video) == before
+
+
+def _openai(served: ServedVideo, key: str | None = None) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{served.url}/v1", api_key=key or served.key, max_retries=0)
+
+
+def test_the_openai_client_creates_polls_lists_downloads_and_deletes_a_clip(served_video):
+    client = _openai(served_video)
+    video = client.videos.create_and_poll(
+        prompt="a lighthouse at dusk",
+        model="sora-2",
+        seconds="1",
+        size="64x64",
+        poll_interval_ms=100,
+    )
+    assert video.status == "completed" and video.progress == 100, video
+    assert video.model == MODEL and video.size == "64x64"
+    # 1 s at the model's 24 fps is 24 frames: the nearest 8k + 1 is 25.
+    job = requests.get(
+        f"{served_video.url}/v1/jobs/{video.id}", headers=auth(served_video.key), timeout=10
+    ).json()
+    assert job["input"]["num_frames"] == 25 and job["input"]["kind"] == "txt2vid"
+    assert float(video.seconds) == pytest.approx(25 / 24, abs=0.01)
+
+    assert client.videos.retrieve(video.id).id == video.id
+    assert video.id in [v.id for v in client.videos.list(limit=100)]
+    mp4 = client.videos.download_content(video.id, variant="video").read()
+    assert probe(mp4)["frames"] == 25
+    thumbnail = client.videos.download_content(video.id, variant="thumbnail").read()
+    assert Image.open(io.BytesIO(thumbnail)).size == (64, 64)
+
+    other = _openai(served_video, served_video.other_key)
+    with pytest.raises(openai.NotFoundError):
+        other.videos.retrieve(video.id)
+    with pytest.raises(openai.NotFoundError):
+        other.videos.download_content(video.id)
+    assert video.id not in [v.id for v in other.videos.list(limit=100)]
+
+    deleted = client.videos.delete(video.id)
+    assert deleted.deleted is True and deleted.id == video.id
+    with pytest.raises(openai.NotFoundError):
+        client.videos.retrieve(video.id)
+
+
+def test_the_openai_client_starts_a_clip_from_an_input_reference(served_video):
+    client = _openai(served_video)
+    buffer = io.BytesIO()
+    Image.new("RGB", (96, 64), (10, 200, 10)).save(buffer, "PNG")
+    video = client.videos.create_and_poll(
+        prompt="green",
+        input_reference=("first.png", buffer.getvalue(), "image/png"),
+        seconds="0.4",
+        poll_interval_ms=100,
+    )
+    assert video.status == "completed", video
+    job = requests.get(
+        f"{served_video.url}/v1/jobs/{video.id}", headers=auth(served_video.key), timeout=10
+    ).json()
+    assert job["input"]["kind"] == "img2vid" and job["input"]["num_frames"] == 9
+    assert video.size == "96x64"  # the reference's shape, fitted to the model's multiples
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        ({"seconds": "60"}, "seconds"),
+        ({"size": "50x64"}, "size"),
+        ({"size": "4096x4096"}, "size"),
+        ({"model": "tiny"}, "model"),
+    ],
+)
+def test_the_openai_client_gets_a_bad_request_naming_the_parameter(served_video, params, param):
+    client = _openai(served_video)
+    before = _job_count(served_video)
+    with pytest.raises(openai.UnprocessableEntityError) as raised:
+        client.videos.create(prompt="x", **params)
+    assert raised.value.body["param"] == param, raised.value.body
+    assert _job_count(served_video) == before
+
+
+def test_a_reference_that_is_not_an_image_is_refused(served_video):
+    client = _openai(served_video)
+    with pytest.raises(openai.APIStatusError) as raised:
+        client.videos.create(prompt="x", input_reference=("a.png", b"not an image", "image/png"))
+    assert raised.value.status_code in (413, 422)
+    assert raised.value.body["param"] == "input_reference"
