@@ -12,8 +12,9 @@ from app.presets import PRESETS
 from app.rules import MAX_STEPS, SCHEDULER_NAMES, schedulers_for
 from app.rules import SCHEDULERS as SCHEDULER_TABLE
 
-# RabbitMQ 3.x cancels a consumer whose delivery stays unacked for consumer_timeout
-# (30 min by default); a job's hard time limit must end well before that.
+# RabbitMQ closes the channel of a delivery left unacked for consumer_timeout (30 min by
+# default) and requeues it: a job's hard time limit must end well before that. The
+# broker's value is DIFFQ_BROKER_CONSUMER_TIMEOUT (deploy/ raises both for video models).
 CONSUMER_TIMEOUT_SECONDS = 1800
 TIME_LIMIT_HEADROOM_SECONDS = 300
 
@@ -151,7 +152,7 @@ class ModelSpec:
     def all_queues(self) -> tuple[str, ...]:
         return (self.queue, self.high_priority_queue) if self.high_priority_queue else (self.queue,)
 
-    def check(self) -> None:
+    def check(self, consumer_timeout: int = CONSUMER_TIMEOUT_SECONDS) -> None:
         if self.family not in FAMILIES:
             raise CatalogError(f"model {self.name!r}: family must be one of {sorted(FAMILIES)}")
         if self.preset is not None and self.preset not in PRESETS:
@@ -185,11 +186,12 @@ class ModelSpec:
             )
         if not 0 < self.soft_time_limit < self.time_limit:
             raise CatalogError(f"model {self.name!r}: need 0 < soft_time_limit < time_limit")
-        if self.time_limit > CONSUMER_TIMEOUT_SECONDS - TIME_LIMIT_HEADROOM_SECONDS:
+        if self.time_limit > consumer_timeout - TIME_LIMIT_HEADROOM_SECONDS:
             raise CatalogError(
                 f"model {self.name!r}: time_limit {self.time_limit}s must stay below RabbitMQ's "
-                f"consumer_timeout ({CONSUMER_TIMEOUT_SECONDS}s) minus "
-                f"{TIME_LIMIT_HEADROOM_SECONDS}s"
+                f"consumer_timeout ({consumer_timeout}s, DIFFQ_BROKER_CONSUMER_TIMEOUT) minus "
+                f"{TIME_LIMIT_HEADROOM_SECONDS}s: raise the broker's consumer_timeout and the "
+                "setting together, or lower time_limit"
             )
         if self.high_priority_queue == self.queue:
             raise CatalogError(f"model {self.name!r}: high_priority_queue must differ from queue")
@@ -375,7 +377,9 @@ def _parse_size(size: str) -> tuple[int, int]:
 _SPEC_FIELDS = {f.name for f in fields(ModelSpec)}
 
 
-def _spec_from_table(name: str, table: dict, base_dir: Path) -> ModelSpec:
+def _spec_from_table(
+    name: str, table: dict, base_dir: Path, consumer_timeout: int = CONSUMER_TIMEOUT_SECONDS
+) -> ModelSpec:
     unknown = set(table) - _SPEC_FIELDS
     if unknown:
         raise CatalogError(f"model {name!r}: unknown keys {sorted(unknown)}")
@@ -406,7 +410,7 @@ def _spec_from_table(name: str, table: dict, base_dir: Path) -> ModelSpec:
         spec = ModelSpec(name=name, **values)
     except TypeError as exc:
         raise CatalogError(f"model {name!r}: {exc}") from exc
-    spec.check()
+    spec.check(consumer_timeout)
     return spec
 
 
@@ -426,7 +430,8 @@ def load_catalog(settings: Settings) -> Catalog:
     if not tables:
         raise CatalogError(f"models file {settings.models_file} defines no [models.NAME] table")
     base_dir = settings.models_file.parent
-    models = {name: _spec_from_table(name, t, base_dir) for name, t in tables.items()}
+    timeout = settings.broker_consumer_timeout
+    models = {name: _spec_from_table(name, t, base_dir, timeout) for name, t in tables.items()}
     default = data.get("default_model") or next(iter(models))
     if default not in models:
         raise CatalogError(f"default_model {default!r} is not defined")

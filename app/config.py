@@ -124,6 +124,9 @@ class Settings:
     warm_share_slack: float
     http_keepalive: float
     max_attempts: int
+    # RabbitMQ's consumer_timeout, seconds, as the broker is configured: every model's
+    # time_limit must end 300 s before it (app/catalog.py).
+    broker_consumer_timeout: int
     upload_retries: int
     upload_backoff: float
     upload_backoff_max: float
@@ -312,6 +315,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         # idle timeout (60 s on most clouds), so the balancer always closes first.
         http_keepalive=_float(env, "DIFFQ_HTTP_KEEPALIVE", 75.0),
         max_attempts=_int(env, "DIFFQ_MAX_ATTEMPTS", 3),
+        broker_consumer_timeout=_int(env, "DIFFQ_BROKER_CONSUMER_TIMEOUT", 1800),
         upload_retries=_int(env, "DIFFQ_UPLOAD_RETRIES", 5),
         upload_backoff=_float(env, "DIFFQ_UPLOAD_BACKOFF", 0.5),
         upload_backoff_max=_float(env, "DIFFQ_UPLOAD_BACKOFF_MAX", 8.0),

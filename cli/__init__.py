@@ -15,7 +15,7 @@ import click
 from sqlalchemy.exc import DBAPIError
 
 from app import logs, services
-from cli import admin, batch, client, operators, serve, up
+from cli import admin, batch, client, operators, serve, up, video
 
 
 @click.group("diffq", context_settings={"help_option_names": ["-h", "--help"]})
@@ -33,6 +33,7 @@ for command in (
     *admin.COMMANDS,
     *operators.COMMANDS,
     client.generate,
+    video.video,
     client.jobs,
     batch.batch,
 ):

@@ -130,6 +130,10 @@ class Client:
     def cancel(self, job_id: str) -> dict:
         return self._said(self.api.jobs.cancel, job_id)
 
+    def models(self) -> dict:
+        """GET /v1/models: the models, their limits and the default's name."""
+        return self._said(self.api.read, "GET", "/v1/models", "data")
+
     def upload(self, path: str) -> dict:
         """An input image stored for the tenant (POST /v1/uploads)."""
         return self._said(self.api.uploads.create, path)

@@ -42,6 +42,7 @@ class AsyncClient:
         self.batches = Batches(self)
         self.uploads = Uploads(self)
         self.adapters = Adapters(self)
+        self.videos = Videos(self)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -166,6 +167,14 @@ class JobHandle:
     async def cancel(self) -> dict[str, Any]:
         self.job = await self.client.jobs.cancel(self.id)
         return self.job
+
+    async def videos(self) -> list[bytes]:
+        """A video job's clips as MP4 bytes (the job must have succeeded); its poster
+        frame is `images()`."""
+        job = self.job if self.job.get("result") else await self.refresh()
+        if job.get("status") != "succeeded":
+            raise JobFailed(job)
+        return [await self.client.download(url) for url in _core.result_urls(job, "videos")]
 
     async def images(self) -> list[bytes]:
         """The images' bytes (the job must have succeeded)."""
@@ -367,3 +376,38 @@ class Adapters:
 
     async def delete(self, adapter_id: str) -> None:
         await self.client.request("DELETE", f"/v1/adapters/{adapter_id}")
+
+
+class Videos:
+    """Video jobs (a video model's `txt2vid` and `img2vid`): `create` returns the job's
+    handle at once, `run` waits for the clip over its events."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+
+    async def create(
+        self,
+        prompt: str | None = None,
+        *,
+        image: str | None = None,
+        idempotency_key: str | None = None,
+        **fields: Any,
+    ) -> JobHandle:
+        """Submit a clip: any POST /v1/jobs field (`model`, `num_frames`, `fps`, `width`,
+        `height`, `steps`, `seed`, ...); `image` (an upload's id or a `data:` URI) makes it
+        `img2vid`, starting from that frame."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        body = _core.video_body(prompt, image, fields)
+        job = await self.client.read("POST", "/v1/jobs", "id", json=body, headers=headers)
+        return JobHandle(self.client, job)
+
+    async def run(
+        self, prompt: str | None = None, *, image: str | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """Submit a clip and wait for it; the succeeded job (its MP4 in
+        `result.videos`), or JobFailed."""
+        handle = await self.create(prompt, image=image, **fields)
+        job = await handle.wait()
+        if job.get("status") != "succeeded":
+            raise JobFailed(job)
+        return job

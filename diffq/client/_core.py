@@ -145,6 +145,34 @@ def image_urls(job: dict[str, Any]) -> list[str]:
     return urls
 
 
+def result_urls(job: dict[str, Any], name: str) -> list[str]:
+    """A succeeded job's links of one result list (`images`, `videos`); GoneError once
+    retention removed them."""
+    if name == "images":
+        return image_urls(job)
+    files = (job.get("result") or {}).get(name)
+    if files is None or job.get("data_removed"):
+        if job.get("data_removed"):
+            raise GoneError(
+                410, {"message": f"job {job.get('id')}: its files were removed after retention"}
+            )
+        raise InvalidResponseError(200, f"job {job.get('id')}: no {name} in its result")
+    urls = [entry.get("url") if isinstance(entry, dict) else None for entry in files]
+    if not all(isinstance(url, str) for url in urls):
+        raise InvalidResponseError(200, f"job {job.get('id')}: a file without its url")
+    return urls
+
+
+def video_body(prompt: str | None, image: str | None, fields: dict[str, Any]) -> dict[str, Any]:
+    """A video job's body: `txt2vid`, or `img2vid` from `image` (an upload's id or a
+    `data:` URI)."""
+    body = job_body(prompt, fields)
+    body.setdefault("kind", "txt2vid" if image is None else "img2vid")
+    if image is not None:
+        body["image"] = image
+    return body
+
+
 def job_body(prompt: str | None, fields: dict[str, Any]) -> dict[str, Any]:
     body = {k: v for k, v in fields.items() if v is not None}
     if prompt is not None:

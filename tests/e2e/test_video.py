@@ -230,3 +230,96 @@ def test_a_reference_that_is_not_an_image_is_refused(served_video):
         client.videos.create(prompt="x", input_reference=("a.png", b"not an image", "image/png"))
     assert raised.value.status_code in (413, 422)
     assert raised.value.body["param"] == "input_reference"
+
+
+def test_a_clips_progress_streams_over_the_websocket(api_server, video_worker, tenant_key):
+    from tests.e2e.test_websocket import _read_all, _ws_url
+
+    job = submit(
+        api_server.url,
+        tenant_key,
+        kind="txt2vid",
+        model=MODEL,
+        prompt="socket",
+        steps=6,
+        num_frames=9,
+    )
+    messages, close = _read_all(_ws_url(api_server, job["id"]), auth(tenant_key))
+    steps = [
+        m["data"]["step"]
+        for m in messages
+        if m["event"] == "progress" and m["data"]["stage"] == "denoising"
+    ]
+    assert steps and steps == sorted(steps) and max(steps) <= 6, steps
+    final = [m["data"] for m in messages if m["event"] == "status"][-1]
+    assert final["status"] == "succeeded" and final["result"]["videos"][0]["frames"] == 9
+    assert close.code == 4000 and close.reason == "succeeded"
+
+
+def test_the_python_client_and_the_cli_make_clips(served_video, tmp_path):
+    """`Client.videos.run` (its events over SSE), `AsyncClient.videos.create`, and `diffq
+    video` with its progress and exit statuses."""
+    import asyncio
+    import os
+    import subprocess
+    import sys
+
+    from diffq.client import AsyncClient, Client
+
+    with Client(served_video.url, served_video.key) as client:
+        seen: list[str] = []
+        handle = client.videos.create("client clip", model=MODEL, num_frames=9, steps=3)
+        job = handle.wait(on_event=lambda event: seen.append(event.name))
+        assert job["status"] == "succeeded" and "progress" in seen and seen[-1] == "status"
+        (mp4,) = handle.videos()
+        assert probe(mp4)["frames"] == 9
+        ran = client.videos.run("from a frame", image=_data_uri((64, 64)), model=MODEL, steps=2)
+        assert ran["input"]["kind"] == "img2vid"
+
+    async def in_asyncio() -> dict:
+        async with AsyncClient(served_video.url, served_video.key) as client:
+            handle = await client.videos.create("async clip", model=MODEL, steps=2)
+            await handle.wait()
+            return {"job": handle.job, "clips": await handle.videos()}
+
+    done = asyncio.run(in_asyncio())
+    assert done["job"]["status"] == "succeeded" and probe(done["clips"][0])["frames"] == 9
+
+    env = {**os.environ, "DIFFQ_URL": served_video.url, "DIFFQ_API_KEY": served_video.key}
+    out = tmp_path / "clip.mp4"
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "video",
+            "a cli clip",
+            "--model",
+            MODEL,
+            "--frames",
+            "17",
+            "--steps",
+            "2",
+            "-o",
+            str(out),
+            "--poster",
+            str(tmp_path / "poster.png"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.strip() == str(out)
+    assert probe(out.read_bytes())["frames"] == 17
+    assert Image.open(tmp_path / "poster.png").size == (64, 64)
+    refused = subprocess.run(
+        [sys.executable, "-m", "cli", "video", "x", "--model", MODEL, "--frames", "10"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and "num_frames" in refused.stderr

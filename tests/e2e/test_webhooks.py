@@ -323,3 +323,35 @@ def test_a_delivery_the_policy_refuses_fails_at_once(hooks, receiver, tenant_key
     after = _outcomes(hooks)
     assert after.get("refused", 0) - before.get("refused", 0) == 1
     print(f"\nrefused delivery: {after_redelivery[0]['error']}")
+
+
+def test_a_clips_webhook_arrives_signed_with_its_video(
+    hooks, video_worker, receiver, tenant_key, db
+):
+    """A video job's events go out as an image job's do: signed, in order, the succeeded
+    event's job carrying the MP4's link and its poster."""
+    secret = _secret(db, tenant_key)
+    job = submit(
+        hooks.url,
+        tenant_key,
+        kind="txt2vid",
+        model="tiny-video",
+        prompt="hook-clip",
+        num_frames=9,
+        steps=2,
+        webhook=f"{receiver.url}/clip",
+        webhook_events=["job.running", "job.succeeded"],
+    )
+    assert wait_terminal(hooks.url, tenant_key, job["id"])["status"] == "succeeded"
+
+    def bodies() -> list[dict]:
+        return [_verified(secret, r) for r in receiver.requests()]
+
+    wait_until(lambda: any(b["type"] == "job.succeeded" for b in bodies()), timeout=20)
+    types = [b["type"] for b in sorted(bodies(), key=lambda b: b["timestamp"])]
+    assert types == ["job.running", "job.succeeded"], types
+    done = next(b for b in bodies() if b["type"] == "job.succeeded")["data"]
+    (clip,) = done["result"]["videos"]
+    assert clip["frames"] == 9 and clip["content_type"] == "video/mp4"
+    assert requests.get(clip["url"], timeout=10).content[4:8] == b"ftyp"  # an MP4
+    assert done["result"]["images"][0]["poster"] is True

@@ -86,3 +86,32 @@ def test_the_fault_count_the_readme_claims_is_the_sum_of_the_scenarios_floors():
             for m in re.findall(r"^def test_(f\d+b?)_", path.read_text(), re.M)
         }
     assert names == set(FLOORS), (sorted(names), sorted(FLOORS))
+
+
+def test_the_deployed_broker_and_workers_agree_on_the_consumer_timeout():
+    """compose's RabbitMQ closes an unacknowledged delivery's channel after the same time
+    the workers' catalog check assumes, and Kubernetes names the value its broker needs."""
+    compose = yaml.safe_load((ROOT / "deploy/compose.yaml").read_text())
+    setting = int(compose["x-diffq-env"]["DIFFQ_BROKER_CONSUMER_TIMEOUT"])
+    args = compose["services"]["rabbitmq"]["environment"]["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]
+    assert f"-rabbit consumer_timeout {setting * 1000}" in args
+    configmap = yaml.safe_load((ROOT / "deploy/k8s/base/configmap.yaml").read_text())
+    k8s = int(configmap["data"]["DIFFQ_BROKER_CONSUMER_TIMEOUT"])
+    assert (
+        f"consumer_timeout = {k8s * 1000}" in (ROOT / "deploy/k8s/base/configmap.yaml").read_text()
+    )
+    assert setting == k8s > 1800  # above RabbitMQ's default: a clip runs longer
+
+
+def test_a_time_limit_past_the_brokers_consumer_timeout_is_refused(tmp_path):
+    from app.catalog import CatalogError
+
+    models = tmp_path / "models.toml"
+    models.write_text(
+        '[models.wan]\npath = "/m"\nfamily = "wan"\nsoft_time_limit = 3000\ntime_limit = 3300\n'
+    )
+    env = {"DIFFQ_HOME": str(tmp_path), "DIFFQ_MODELS_FILE": str(models)}
+    with pytest.raises(CatalogError, match="DIFFQ_BROKER_CONSUMER_TIMEOUT"):
+        load_catalog(load_settings(env))
+    raised = load_catalog(load_settings({**env, "DIFFQ_BROKER_CONSUMER_TIMEOUT": "7200"}))
+    assert raised.models["wan"].time_limit == 3300

@@ -13,7 +13,8 @@ def _origin(url: str) -> str:
 
 
 def image_origins(settings: Settings) -> list[str]:
-    """Where result images are served from: this origin, or the S3 endpoint clients reach."""
+    """Where result images (and a video job's clip) are served from: this origin, or the S3
+    endpoint clients reach."""
     if urlparse(settings.storage_url).scheme != "s3":
         return []  # local images are under /files on this origin
     endpoint = settings.s3_public_endpoint_url or settings.s3_endpoint_url
@@ -23,6 +24,7 @@ def image_origins(settings: Settings) -> list[str]:
 def policy(settings: Settings) -> str:
     storage = image_origins(settings)
     images = " ".join(["'self'", "data:", "blob:", *storage])
+    media = " ".join(["'self'", *storage])  # a video job's MP4, where its poster is
     connect = " ".join(["'self'", *storage])
     return "; ".join(
         [
@@ -30,6 +32,7 @@ def policy(settings: Settings) -> str:
             "script-src 'self'",
             "style-src 'self'",
             f"img-src {images}",
+            f"media-src {media}",
             # Downloads read the image back as a blob; the API is this origin.
             f"connect-src {connect}",
             "font-src 'self'",

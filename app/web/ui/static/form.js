@@ -2,19 +2,29 @@
 import { chosenLoras, fillLoras, offerAdapters, showLoraErrors } from "./adapters.js";
 import { api, ApiError } from "./api.js";
 import { inputSize, pictureFields, showPicture } from "./picture.js";
+import {
+  applyVideoLimits, clipHint, isVideo, showVideo, VIDEO_FIELDS,
+} from "./video.js";
 
 const FIELDS = [
   "prompt", "negative_prompt", "model", "width", "height",
-  "steps", "guidance_scale", "seed", "num_images",
+  "steps", "guidance_scale", "seed", "num_images", ...VIDEO_FIELDS,
 ];
-const NUMBERS = new Set(["width", "height", "steps", "guidance_scale", "seed", "num_images"]);
+const NUMBERS = new Set([
+  "width", "height", "steps", "guidance_scale", "seed", "num_images", ...VIDEO_FIELDS,
+]);
 // Every field a 422 may name that the form shows, in the page's order (the first gets focus;
 // `loras`, the adapters, comes last).
 const ERROR_FIELDS = [
-  "prompt", "negative_prompt", "model", "kind", "image", "mask", "mask_blur", "masked_only",
-  "strength", "width", "height", "steps", "guidance_scale", "seed", "num_images",
+  "prompt", "negative_prompt", "model", "kind", ...VIDEO_FIELDS, "image", "mask", "mask_blur",
+  "masked_only", "strength", "width", "height", "steps", "guidance_scale", "seed", "num_images",
 ];
-export const KIND_NAMES = { txt2img: "text to image", img2img: "image to image", inpaint: "inpainting" };
+export const KIND_NAMES = {
+  txt2img: "text to image", img2img: "image to image", inpaint: "inpainting",
+  txt2vid: "text to video", img2vid: "image to video",
+};
+// The kinds whose output takes its size from an input image unless one is typed.
+const FROM_IMAGE = new Set(["img2img", "inpaint", "img2vid"]);
 // A kind's strength when the request names none (app/kinds).
 const DEFAULT_STRENGTH = { img2img: 0.75, inpaint: 1.0 };
 const ESTIMATE_FIELDS = ["model", "width", "height", "steps", "num_images"];
@@ -81,7 +91,7 @@ function applyLimits(model, fillDefaults) {
   input("prompt").maxLength = limits.max_prompt_chars;
   input("negative_prompt").maxLength = limits.max_prompt_chars;
   if (fillDefaults) {
-    if (kind() === "txt2img") {
+    if (!FROM_IMAGE.has(kind())) {
       input("width").value = limits.default_width;
       input("height").value = limits.default_height;
     }
@@ -89,6 +99,7 @@ function applyLimits(model, fillDefaults) {
     input("guidance_scale").value = limits.default_guidance;
     input("num_images").value = 1;
   }
+  applyVideoLimits(model, fillDefaults);
   offerKinds(model);
   offerAdapters(model);
   sizeHint();
@@ -133,7 +144,7 @@ function sizeHint() {
   const range =
     `${limits.min_size} to ${limits.max_width} × ${limits.max_height} px, multiples of ` +
     `${limits.size_multiple}, at most ${limits.max_pixels.toLocaleString("en")} pixels.`;
-  if (kind() === "txt2img") {
+  if (!FROM_IMAGE.has(kind())) {
     setText("hint-size", range);
     return;
   }
@@ -146,21 +157,30 @@ function sizeHint() {
   );
 }
 
+// The job's kind: the chosen mode's, or for Video where the clip starts from (the prompt,
+// or a first image).
 export function kind() {
   const chosen = document.querySelector("input[name=kind]:checked");
-  return chosen ? chosen.value : "txt2img";
+  if (!chosen) return "txt2img";
+  if (chosen.value !== "video") return chosen.value;
+  const from = document.querySelector("input[name=video_from]:checked");
+  return from ? from.value : "txt2vid";
 }
 
 // The modes the model offers (its `kinds`); one it lacks is hidden, and the form moves to
-// the first it offers when the chosen one goes.
+// the first it offers when the chosen one goes. Video stands for both video kinds, each a
+// "Start from" choice.
 function offerKinds(model) {
   const kinds = model.kinds || ["txt2img"];
-  for (const radio of kindRadios()) {
-    const offered = kinds.includes(radio.value);
+  for (const radio of [...kindRadios(), ...document.querySelectorAll("input[name=video_from]")]) {
+    const offered = radio.value === "video" ? kinds.some(isVideo) : kinds.includes(radio.value);
     radio.disabled = !offered;
     radio.closest("label").hidden = !offered;
   }
-  const others = Object.keys(KIND_NAMES).filter((name) => !kinds.includes(name));
+  // Said for what it lacks among the kinds of its own medium (images, or video).
+  const others = Object.keys(KIND_NAMES).filter(
+    (name) => !kinds.includes(name) && isVideo(name) === isVideo(kinds[0]),
+  );
   setText(
     "hint-kind",
     others.length ? `${model.name} offers ${kinds.map((name) => KIND_NAMES[name]).join(" and ")} only.` : "",
@@ -171,6 +191,7 @@ function offerKinds(model) {
 // Switch the form to `name`: its fields shown, its strength's default, and the size
 // left to the input's for the image kinds (the model's default for text to image).
 export function setKind(name) {
+  if (isVideo(name)) input("kind-video").checked = true;
   input(`kind-${name}`).checked = true;
   kindChanged();
 }
@@ -178,15 +199,17 @@ export function setKind(name) {
 function kindChanged() {
   const name = kind();
   showPicture(name);
-  if (name !== "txt2img") {
+  showVideo(name);
+  if (DEFAULT_STRENGTH[name] !== undefined) {
     input("strength").value = DEFAULT_STRENGTH[name];
     showStrength();
   }
   const model = models.get(input("model").value);
+  const fromImage = FROM_IMAGE.has(name);
   for (const side of ["width", "height"]) {
     const box = input(side);
-    box.placeholder = name === "txt2img" ? "model default" : "the input's";
-    if (name !== "txt2img") box.value = "";
+    box.placeholder = fromImage ? "the input's" : "model default";
+    if (fromImage) box.value = "";
     else if (model && box.value === "") box.value = model.limits[`default_${side}`];
   }
   sizeHint();
@@ -225,12 +248,15 @@ function numberOrText(raw) {
 // Without its images (readJob adds them).
 export function readRequest() {
   const body = { kind: kind() };
+  const video = isVideo(body.kind);
   for (const name of FIELDS) {
+    // A clip is one (no image count); the video fields are the video kinds' alone.
+    if (video ? name === "num_images" : VIDEO_FIELDS.includes(name)) continue;
     const raw = input(name).value;
     if (raw.trim() === "" && name !== "prompt") continue;
     body[name] = NUMBERS.has(name) ? numberOrText(raw) : raw;
   }
-  if (body.kind !== "txt2img") body.strength = Number(input("strength").value);
+  if (DEFAULT_STRENGTH[body.kind] !== undefined) body.strength = Number(input("strength").value);
   if (body.kind === "inpaint") {
     const blur = input("mask_blur").value;
     if (blur.trim() !== "") body.mask_blur = numberOrText(blur);
@@ -245,7 +271,7 @@ export function readRequest() {
 // upload and the painted mask's (uploaded now).
 export async function readJob() {
   const body = readRequest();
-  if (body.kind === "txt2img") return body;
+  if (!FROM_IMAGE.has(body.kind)) return body;
   return { ...body, ...(await pictureFields(body.kind)) };
 }
 
@@ -268,6 +294,7 @@ export function fillForm(params, { newSeed = false } = {}) {
   }
   fillLoras(params.loras);
   if (newSeed) input("seed").value = "";
+  clipHint(models.get(input("model").value));
   scheduleEstimate();
 }
 
@@ -290,12 +317,17 @@ export function seconds(value) {
 // The estimate's query. An image job costs what a text to image job of its output size
 // and of the steps its strength leaves would (the estimate counts denoising steps), so it
 // is asked as one: the output's size is the input's fitted to the model, unless typed.
-// Null while an image job has no input to size it by.
+// Null while an image job has no input to size it by. A clip is asked as its kind with its
+// frames (the estimate counts steps x frames).
 function estimateQuery(body) {
   const query = new URLSearchParams();
   const asked = { ...body };
-  if (body.kind !== "txt2img") {
-    const model = models.get(body.model);
+  const model = models.get(body.model);
+  if (isVideo(body.kind)) {
+    query.set("kind", body.kind);
+    if (body.num_frames !== undefined) query.set("num_frames", String(body.num_frames));
+  }
+  if (FROM_IMAGE.has(body.kind)) {
     if (asked.width === undefined || asked.height === undefined) {
       const size = inputSize();
       if (!size) return null;
@@ -304,7 +336,7 @@ function estimateQuery(body) {
       asked.height = asked.height ?? height;
     }
     const steps = asked.steps ?? model.limits.default_steps;
-    if (typeof steps === "number") {
+    if (typeof steps === "number" && body.strength !== undefined) {
       asked.steps = Math.max(1, Math.min(steps, Math.floor(steps * body.strength)));
     }
   }
@@ -380,7 +412,16 @@ export function watchForm() {
     input(name).addEventListener("input", edited);
     input(name).addEventListener("change", edited);
   }
+  for (const name of VIDEO_FIELDS) {
+    input(name).addEventListener("input", () => {
+      clipHint(models.get(input("model").value));
+      edited();
+    });
+  }
   for (const radio of kindRadios()) radio.addEventListener("change", kindChanged);
+  for (const radio of document.querySelectorAll("input[name=video_from]")) {
+    radio.addEventListener("change", kindChanged);
+  }
   input("strength").addEventListener("input", () => {
     showStrength();
     edited();

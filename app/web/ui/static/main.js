@@ -139,7 +139,7 @@ async function openJob(id) {
 const REPEATED = [
   "kind", "prompt", "negative_prompt", "model", "width", "height", "steps", "guidance_scale",
   "seed", "num_images", "scheduler", "output_format", "strength", "mask_blur", "masked_only",
-  "masked_padding",
+  "masked_padding", "num_frames", "fps",
 ];
 // The job's input names its images by digest; a request names them by upload id.
 const IMAGES = ["image", "mask"];

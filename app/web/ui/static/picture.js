@@ -216,9 +216,10 @@ export async function pictureFields(kind) {
   return fields;
 }
 
-// Show the tools of `kind`: the image for both image kinds, the mask for inpainting.
+// Show the tools of `kind`: the image for the kinds that take one (image to image,
+// inpainting, image to video: its first frame), the mask for inpainting.
 export function showPicture(kind) {
-  $("image-part").hidden = kind === "txt2img";
+  $("image-part").hidden = !["img2img", "inpaint", "img2vid"].includes(kind);
   $("mask-part").hidden = kind !== "inpaint";
   $("f-mask").hidden = kind !== "inpaint";
 }

@@ -5,6 +5,7 @@ import { seconds } from "./form.js";
 import { knownUpload } from "./picture.js";
 import { saveBlob } from "./save.js";
 import { follow } from "./stream.js";
+import { clipFigures, isVideo } from "./video.js";
 
 const $ = (id) => document.getElementById(id);
 const TERMINAL = new Set(["succeeded", "failed", "canceled"]);
@@ -46,7 +47,8 @@ function stateText(job, progress) {
     return `Queued: ${ahead}${when}.`;
   }
   if (job.status === "running") {
-    const stage = STAGES[progress.stage] || "Running";
+    const clip = isVideo(job.input.kind) && progress.stage === "uploading";
+    const stage = clip ? "Encoding and saving the clip" : STAGES[progress.stage] || "Running";
     if (progress.stage === "denoising" && progress.total_steps) {
       return `Running: ${stage.toLowerCase()}, step ${progress.step} of ${progress.total_steps}.`;
     }
@@ -140,6 +142,10 @@ function showImages(job) {
   const images = (job.result && job.result.images) || [];
   if (job.data_removed) {
     box.replaceChildren(...inputs(job));
+    return;
+  }
+  if (job.result && job.result.videos) {
+    box.replaceChildren(...inputs(job), ...clipFigures(job)); // each clip's poster is its own
     return;
   }
   box.replaceChildren(
