@@ -27,7 +27,20 @@ def _tool(name: str) -> str:
 
 
 class PrivateRabbitMQ:
-    def __init__(self, workdir: Path, *, management: bool = False) -> None:
+    """`consumer_timeout_ms`: rabbitmq.conf's `consumer_timeout` (a channel holding a
+    delivery unacked that long is closed, PRECONDITION_FAILED, and the message requeued;
+    None: the broker's 30 min). `channel_tick_ms`: how often each channel checks it (the
+    rabbit app's `channel_tick_interval`, only settable in advanced.config; 60 s by
+    default, so a timeout of a few seconds would otherwise fire up to a minute late)."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        management: bool = False,
+        consumer_timeout_ms: int | None = None,
+        channel_tick_ms: int | None = None,
+    ) -> None:
         self.workdir = workdir
         self.node = f"diffqf{uuid.uuid4().hex[:6]}@localhost"
         self.port = free_port()
@@ -44,6 +57,8 @@ class PrivateRabbitMQ:
             self.management_url = f"http://guest:guest@127.0.0.1:{self.management_port}/api/"
         else:
             (workdir / "enabled_plugins").write_text("[].\n")
+        if consumer_timeout_ms is not None:
+            config += f"consumer_timeout = {int(consumer_timeout_ms)}\n"
         (workdir / "rabbitmq.conf").write_text(config)
         self.env = {
             **os.environ,
@@ -58,6 +73,12 @@ class PrivateRabbitMQ:
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(workdir / "enabled_plugins"),
             "RABBITMQ_CONFIG_FILE": str(workdir / "rabbitmq"),
         }
+        if channel_tick_ms is not None:
+            advanced = workdir / "advanced.config"
+            advanced.write_text(
+                f"[{{rabbit, [{{channel_tick_interval, {int(channel_tick_ms)}}}]}}].\n"
+            )
+            self.env["RABBITMQ_ADVANCED_CONFIG_FILE"] = str(advanced)
 
     def _ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -112,6 +133,13 @@ class PrivateRabbitMQ:
         deadline = time.monotonic() + timeout
         while pid and Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
+
+    def app_env(self, key: str) -> str:
+        """The rabbit application's setting `key` as the running node has it (what
+        rabbitmq.conf and advanced.config gave it): `{ok,2000}`, or `undefined`."""
+        answer = self._ctl("eval", f"application:get_env(rabbit, {key}).")
+        answer.check_returncode()
+        return answer.stdout.strip()
 
     def create_vhost(self, name: str) -> str:
         self._ctl("add_vhost", name).check_returncode()

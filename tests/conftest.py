@@ -93,6 +93,38 @@ def served(request) -> Served:
     return Served("embedded", up, up.new_key())
 
 
+@dataclass(frozen=True)
+class ServedVideo:
+    """A service with a video model to run a test against: `api` has `url` and `port`;
+    `key` and `other_key` are two tenants'."""
+
+    mode: str
+    api: ApiServer | EmbeddedService
+    key: str
+    other_key: str
+
+    @property
+    def url(self) -> str:
+        return self.api.url
+
+
+@pytest.fixture(params=["production", "embedded"])
+def served_video(request) -> ServedVideo:
+    """`served` for video: production's stores with a worker serving `tiny-video`, then
+    `diffq up`, whose default catalog serves it."""
+    if request.param == "production":
+        api = request.getfixturevalue("api_server")
+        request.getfixturevalue("video_worker")
+        return ServedVideo(
+            "production",
+            api,
+            request.getfixturevalue("tenant_key"),
+            request.getfixturevalue("other_key"),
+        )
+    up = request.getfixturevalue("embedded")
+    return ServedVideo("embedded", up, up.new_key(), up.new_key("o"))
+
+
 @pytest.fixture(scope="session")
 def db(stack):
     from app.db.session import Database

@@ -87,6 +87,8 @@ RUN = {
     ("README.md", "diffq model build-tiny-lora"): "test_lora_adapters_curl",
     ("README.md", "from diffq.client import Client"): "test_the_python_clients_batch",
     ("docs/clients.md", "# diffq.client (blocking"): "test_the_python_client_beside_curl",
+    ("README.md", "# a clip of 17 frames"): "test_the_video_curl",
+    ("README.md", "import openai"): "test_the_openai_videos_client",
 }
 NOT_RUN = {
     ("README.md", "scripts/up "): "starts the whole service and the whole suite; "
@@ -553,3 +555,26 @@ def test_the_python_client_beside_curl(served):
     streamed = [line for line in printed.getvalue().splitlines() if not line.startswith("{")]
     assert streamed and streamed[-1] == "status None", streamed
     assert all(re.fullmatch(r"status None|progress \d+(\.\d+)?", line) for line in streamed)
+
+
+def test_the_video_curl(served_video, shell):
+    (command,) = commands(block("README.md", "# a clip of 17 frames").text)
+    shell.run(f"KEY={served_video.key}")
+    code, out, err = shell.run(fill(command, served_video.api, served_video.key), timeout=90)
+    assert code == 0, err
+    job = json.loads(out)
+    assert job["status"] == "succeeded", job
+    (clip,) = job["result"]["videos"]
+    assert clip["frames"] == 17 and clip["content_type"] == "video/mp4"
+    assert job["result"]["images"][0]["poster"] is True
+
+
+def test_the_openai_videos_client(served_video, tmp_path, monkeypatch):
+    import warnings
+
+    monkeypatch.chdir(tmp_path)
+    code = fill(block("README.md", "import openai").text, served_video.api)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the client marks Sora's API
+        exec(compile(code, "README.md (openai videos)", "exec"), {"KEY": served_video.key})
+    assert (tmp_path / "boat.mp4").read_bytes()[4:8] == b"ftyp"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import io
-from dataclasses import dataclass
 
 import openai
 import pytest
@@ -17,32 +16,10 @@ import requests
 from PIL import Image
 
 from testbed.jobs import auth, submit, wait_terminal
+from tests.conftest import ServedVideo
 from workers.video import probe
 
 MODEL = "tiny-video"
-
-
-@dataclass(frozen=True)
-class ServedVideo:
-    mode: str
-    url: str
-    key: str
-    other_key: str
-
-
-@pytest.fixture(params=["production", "embedded"])
-def served_video(request) -> ServedVideo:
-    if request.param == "production":
-        api = request.getfixturevalue("api_server")
-        request.getfixturevalue("video_worker")
-        return ServedVideo(
-            "production",
-            api.url,
-            request.getfixturevalue("tenant_key"),
-            request.getfixturevalue("other_key"),
-        )
-    up = request.getfixturevalue("embedded")
-    return ServedVideo("embedded", up.url, up.new_key(), up.new_key("o"))
 
 
 def _get(url: str) -> bytes:

@@ -69,6 +69,27 @@ soft_time_limit = 60
 time_limit = 90
 max_batch = 4
 max_wait_ms = 300
+
+# A tiny LTX-Video (workers/tiny_video.py), built only when a video scenario first needs
+# it (FaultStack.start_video_worker); clips of up to 25 frames, with enough steps that a
+# kill lands mid-denoising.
+[models.tiny-video]
+path = "{tiny_video}"
+queue = "gpu.tiny-video"
+family = "ltx"
+dtype = "float32"
+min_size = 32
+max_width = 128
+max_height = 128
+max_pixels = 16384
+default_width = 64
+default_height = 64
+max_steps = 500
+default_steps = 2
+default_frames = 9
+max_frames = 25
+soft_time_limit = 150
+time_limit = 180
 """
 
 WORKERS = ("fa", "fb")
@@ -103,6 +124,16 @@ class FaultStack:
     def start_worker(self, name: str, extra_env: dict[str, str] | None = None) -> ManagedProcess:
         env = {**self.env, **(extra_env or {})}
         worker = start_worker(env, self.logs, f"worker-{name}", models="tiny,tiny-slow,tiny-batch")
+        self.workers[name] = worker
+        return worker
+
+    def start_video_worker(self, name: str = "video") -> ManagedProcess:
+        """A worker serving `tiny-video` alone, its model built on first use (only the
+        video scenarios need it); stop it with `stop_workers([name])`."""
+        path = self.logs.parent / "models" / "tiny-video"
+        if not path.exists():
+            build_tiny_model(path, family="ltx")
+        worker = start_worker(self.env, self.logs, f"worker-{name}", models="tiny-video")
         self.workers[name] = worker
         return worker
 
@@ -198,13 +229,14 @@ def fault_stack(tmp_path_factory) -> FaultStack:
     bucket = f"faults-{uuid.uuid4().hex[:8]}"
     s3.client().create_bucket(Bucket=bucket)
     tiny = build_tiny_model(workdir / "models" / "tiny")
-    (workdir / "models.toml").write_text(MODELS.format(tiny=tiny))
+    tiny_video = workdir / "models" / "tiny-video"  # built by start_video_worker
+    (workdir / "models.toml").write_text(MODELS.format(tiny=tiny, tiny_video=tiny_video))
     database_url = pg.create_database("diffq")
     upgrade(database_url)
     booting.join()
     broker_url = rabbit.url
     with Connection(broker_url) as conn:
-        declare_topology(conn, ["gpu.tiny", "gpu.tiny-batch"])
+        declare_topology(conn, ["gpu.tiny", "gpu.tiny-batch", "gpu.tiny-video"])
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("DIFFQ_")},
         "DIFFQ_HOME": str(workdir / "home"),

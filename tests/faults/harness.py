@@ -40,7 +40,17 @@ FLOORS = {
     "F18": 4,  # kill -9 mid-job of image-to-image and inpainting jobs (uploaded inputs)
     "F19": 5,  # a batch through 4 kill -9 and a broker restart
     "F20": 1,  # a job's message stranded with a consumer that does nothing with it
+    "F21": 3,  # kill -9 of a pool process mid-clip (video)
+    "F22": 1,  # a delivery held past RabbitMQ's consumer_timeout
 }
+
+
+def stored_objects(stored_input: dict) -> int:
+    """The objects a succeeded job stores: one per image; a clip, its MP4 and its poster
+    (workers/store.py)."""
+    if stored_input.get("kind") in ("txt2vid", "img2vid"):
+        return 2
+    return stored_input.get("num_images", 1)
 
 
 def floor_of(scenario: str) -> int:
@@ -193,7 +203,7 @@ class Scenario:
                 fig.undelivered += deliveries == 0
                 if (
                     successes[job_id] > 1
-                    or len(objects) != row.input.get("num_images", 1)
+                    or len(objects) != stored_objects(row.input)
                     or seen_twice
                     or deliveries > 1
                 ):

@@ -1,0 +1,302 @@
+"""Video jobs under faults: a worker killed mid-clip, and RabbitMQ's consumer_timeout (the
+channel of a delivery left unacked too long is closed and the message requeued), with
+the catalog check that keeps every model's time limit inside it."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+
+import pytest
+import requests
+
+from app.jobs.states import JobStatus
+from testbed.jobs import auth
+from testbed.processes import ManagedProcess
+from testbed.waiting import wait_until
+from tests.faults.harness import REPORT, Figures, Scenario
+from tests.faults.killing import kill_child
+
+pytestmark = [pytest.mark.faults, pytest.mark.services]
+
+# A clip whose denoising lasts long enough to be seen and killed: the tiny LTX-Video takes
+# about 5 ms a step on one core, so 400 steps give a second or more of "denoising" rows
+# (progress is written at most every 0.1 s on the fault stack).
+CLIP = {
+    "kind": "txt2vid",
+    "model": "tiny-video",
+    "num_frames": 25,
+    "steps": 400,
+    "width": 64,
+    "height": 64,
+}
+KILLS = 3
+
+
+def _denoising(sc: Scenario, spared: set[str]):
+    """A clip past its first denoising step that has not been killed yet, if any."""
+    for job_id, row in sc.rows().items():
+        progress = row.progress or {}
+        if (
+            job_id not in spared
+            and row.status == JobStatus.RUNNING
+            and progress.get("stage") == "denoising"
+            and progress.get("step", 0) >= 1
+        ):
+            return row
+    return None
+
+
+def test_f21_video_worker_killed_mid_clip(fault_stack):
+    """kill -9 of the pool process while it denoises a clip, once for each of 3 clips: each
+    clip runs again from its start and succeeds once, one MP4 of every frame stored, one
+    webhook delivered."""
+    stack = fault_stack
+    stack.start_video_worker()
+    try:
+        sc = Scenario(f"F21 kill -9 mid-clip, {KILLS} clips", stack, stack.new_key())
+        for i in range(KILLS):
+            sc.submit(prompt=f"f21-{i}", seed=i, **CLIP)
+        assert len(sc.accepted) == KILLS, sc.figures.line()
+        killed: set[str] = set()
+        at_step: list[int] = []  # the step each clip's last progress write named
+        deadline = time.monotonic() + 240
+        while len(killed) < KILLS and time.monotonic() < deadline:
+            rows = sc.rows()
+            if all(row.status.terminal or job_id in killed for job_id, row in rows.items()):
+                # A clip ended between the last look and its kill: keep one in flight.
+                sc.submit(prompt=f"f21-more-{len(rows)}", **CLIP)
+                continue
+            victim = _denoising(sc, killed)
+            if victim is None:
+                time.sleep(0.05)
+                continue
+            started = time.monotonic()
+            if kill_child(victim, sc.row, lambda: sc.rows().values()):
+                job_id = str(victim.id)
+                killed.add(job_id)
+                at_step.append(victim.progress["step"])
+                sc.figures.faults += 1
+                wait_until(
+                    lambda job_id=job_id, attempts=victim.attempts: (
+                        sc.row(job_id).attempts > attempts or sc.row(job_id).status.terminal
+                    ),
+                    timeout=90,
+                    what=f"clip {job_id} claimed again after its kill",
+                )
+                sc.figures.recovery_seconds.append(time.monotonic() - started)
+        rows = sc.settle(180)
+        attempts = {job_id: rows[job_id].attempts for job_id in sc.accepted}
+        sc.figures.notes = (
+            f"killed at steps {'/'.join(map(str, at_step))} of {CLIP['steps']}; "
+            f"attempts {','.join(str(attempts[j]) for j in sc.accepted)}"
+        )
+        fig = sc.report(rows)
+        assert sc.figures.faults == KILLS, fig.line()
+        assert fig.lost == 0, fig.line()
+        assert fig.duplicate_results == 0, fig.line()
+        assert fig.duplicate_terminal == 0 and fig.duplicate_deliveries == 0, fig.line()
+        assert fig.undelivered == 0, fig.line()  # every clip's job.succeeded webhook came
+        assert fig.succeeded == len(sc.accepted), fig.line()
+        for job_id in killed:
+            # Killed once: claimed again (a lease lapsed on a loaded host may add one more
+            # attempt, still under the cap of 3), and its result recorded once.
+            assert 2 <= attempts[job_id] <= 3, (job_id, attempts)
+        for job_id in sc.accepted:
+            row = rows[job_id]
+            objects = sorted(stack.objects_of(row))
+            assert [key.rsplit("/", 1)[1] for key in objects] == ["0.mp4", "0.png"], objects
+            job = requests.get(
+                f"{stack.api.url}/v1/jobs/{job_id}", headers=auth(sc.key), timeout=30
+            ).json()
+            (video,) = job["result"]["videos"]
+            (poster,) = job["result"]["images"]
+            assert poster["poster"] is True
+            download = requests.get(video["url"], timeout=30)
+            assert download.status_code == 200, download.text
+            from workers.video import probe
+
+            clip = probe(download.content)
+            assert clip["codec"] == "h264", clip
+            assert (clip["width"], clip["height"]) == (CLIP["width"], CLIP["height"]), clip
+            assert clip["frames"] == CLIP["num_frames"] == video["frames"], clip
+    finally:
+        stack.stop_workers(["video"])  # two cores: no idle model process left for others
+
+
+def test_f22_consumer_timeout_closes_the_channel_and_requeues(tmp_path):
+    """RabbitMQ 3.10 closes the channel of a delivery left unacked past consumer_timeout
+    (PRECONDITION_FAILED) and requeues the message: the next consumer gets it again,
+    marked redelivered. Shown with kombu on a node of its own whose timeout is 2 s,
+    checked every second instead of every minute."""
+    from amqp.exceptions import PreconditionFailed
+    from kombu import Connection, Consumer, Producer, Queue
+
+    from testbed.private_rabbit import PrivateRabbitMQ
+
+    rabbit = PrivateRabbitMQ(tmp_path / "rabbit", consumer_timeout_ms=2000, channel_tick_ms=1000)
+    rabbit.start()
+    try:
+        # What the node runs with: both files were read.
+        assert rabbit.app_env("consumer_timeout") == "{ok,2000}"
+        assert rabbit.app_env("channel_tick_interval") == "{ok,1000}"
+        fig = Figures("F22 consumer_timeout, unacked delivery")
+        queue = Queue("f22", durable=True)
+        deliveries: list[dict] = []
+        with Connection(rabbit.url) as holder, Connection(rabbit.url) as taker:
+            Producer(holder.default_channel).publish(
+                {"job": "f22"}, routing_key="f22", declare=[queue], delivery_mode=2
+            )
+            fig.submitted = 1
+            # One consumer takes the message and never acks it (a job running too long).
+            channel = holder.channel()
+            channel.basic_qos(0, 1, False)
+            held = Consumer(
+                channel,
+                [queue],
+                callbacks=[lambda _body, message: deliveries.append(message.delivery_info)],
+                accept=["json"],
+            )
+            held.consume()
+            holder.drain_events(timeout=10)
+            assert len(deliveries) == 1 and deliveries[0]["redelivered"] is False
+            taken = time.monotonic()
+            closed: list[PreconditionFailed] = []
+
+            def channel_closed() -> bool:
+                try:
+                    holder.drain_events(timeout=1)
+                except TimeoutError:
+                    return False
+                except PreconditionFailed as exc:
+                    closed.append(exc)
+                    return True
+                return False
+
+            wait_until(channel_closed, timeout=60, interval=0, what="the held channel closed")
+            held_for = time.monotonic() - taken
+            error = closed[0]
+            fig.faults = 1
+            print(f"\nheld {held_for:.1f} s: {error.reply_code} {error.reply_text}")
+            assert error.reply_code == 406
+            assert "PRECONDITION_FAILED" in error.reply_text
+            assert f"delivery acknowledgement on channel {channel.channel_id} timed out" in (
+                error.reply_text
+            )
+            assert holder.connected  # the channel closed, not the connection
+            # The message went back to the queue: another consumer gets it, redelivered.
+            Consumer(
+                taker.channel(),
+                [queue],
+                callbacks=[
+                    lambda _body, message: (deliveries.append(message.delivery_info), message.ack())
+                ],
+                accept=["json"],
+            ).consume()
+
+            def delivered_again() -> bool:
+                with contextlib.suppress(TimeoutError):
+                    taker.drain_events(timeout=1)
+                return len(deliveries) == 2
+
+            wait_until(delivered_again, timeout=30, interval=0, what="the message given again")
+            assert deliveries[1]["redelivered"] is True
+            left = taker.default_channel.queue_declare("f22", passive=True).message_count
+            assert left == 0
+        fig.succeeded = 1  # acked by the second consumer
+        fig.duplicate_generations = len(deliveries) - 1  # the held delivery, given again
+        fig.recovery_seconds.append(held_for)
+        fig.notes = f"{len(deliveries)} deliveries; {error.reply_text.split('. ')[0]}"
+        REPORT.append(fig)
+        print(fig.line())
+        assert fig.duplicate_generations == 1
+    finally:
+        rabbit.close()
+
+
+LONG_MODEL = """\
+default_model = "tiny-long"
+
+[models.tiny-long]
+path = "{tiny}"
+queue = "gpu.tiny-long"
+dtype = "float32"
+default_width = 64
+default_height = 64
+default_steps = 2
+soft_time_limit = 1550
+time_limit = 1600
+"""
+
+
+def _worker(env: dict[str, str], logs, name: str, model: str) -> tuple[ManagedProcess, str]:
+    """`diffq worker --gpus none --models MODEL`, until it exits (refused) or is ready."""
+    models = ("--models", model)
+    worker = ManagedProcess(
+        name,
+        [sys.executable, "-m", "cli", "worker", "--gpus", "none", "--name", name, *models],
+        env,
+        logs,
+    ).start()
+
+    def settled() -> str | None:
+        if worker.process.poll() is not None:
+            return "exited"
+        return "ready" if worker.count(r"ready\.") else None
+
+    try:
+        return worker, wait_until(settled, timeout=180, interval=0.1, what=f"{name} settled")
+    except BaseException:
+        worker.stop()
+        raise
+
+
+def test_a_time_limit_past_the_consumer_timeout_is_refused(fault_stack, tmp_path):
+    """A model whose time_limit does not end 300 s before the broker's consumer_timeout
+    (DIFFQ_BROKER_CONSUMER_TIMEOUT, 1800 s by default) would have its messages requeued
+    mid-job (test_f22): its worker refuses to start, naming consumer_timeout. With the
+    setting raised (the broker's consumer_timeout raised with it) the worker starts; with
+    it lowered, models that fit the default are refused."""
+    from kombu import Connection
+
+    from app.broker.topology import declare_topology
+
+    stack = fault_stack
+    models = tmp_path / "models.toml"
+    models.write_text(LONG_MODEL.format(tiny=stack.logs.parent / "models" / "tiny"))
+    env = {**stack.env, "DIFFQ_MODELS_FILE": str(models)}
+    env.pop("DIFFQ_BROKER_CONSUMER_TIMEOUT", None)
+
+    refused, outcome = _worker(env, tmp_path, "worker-long-default", "tiny-long")
+    print(f"\ndefault setting: {outcome}, exit {refused.process.returncode}: {refused.log()}")
+    assert outcome == "exited" and refused.process.returncode == 2, refused.log()
+    assert "consumer_timeout" in refused.log() and "'tiny-long'" in refused.log()
+    assert "time_limit 1600s" in refused.log()
+
+    lowered, outcome = _worker(
+        {**stack.env, "DIFFQ_BROKER_CONSUMER_TIMEOUT": "400"}, tmp_path, "worker-low", "tiny"
+    )
+    print(f"setting 400: {outcome}, exit {lowered.process.returncode}: {lowered.log()}")
+    assert outcome == "exited" and lowered.process.returncode == 2, lowered.log()
+    assert "consumer_timeout" in lowered.log() and "'tiny'" in lowered.log()
+
+    with Connection(stack.env["DIFFQ_BROKER_URL"]) as conn:
+        declare_topology(conn, ["gpu.tiny-long"])
+    try:
+        raised, outcome = _worker(
+            {**env, "DIFFQ_BROKER_CONSUMER_TIMEOUT": "3600"},
+            tmp_path,
+            "worker-long-raised",
+            "tiny-long",
+        )
+        try:
+            print(f"setting 3600: {outcome}")
+            assert outcome == "ready", raised.log()[-3000:]
+            assert "consumer_timeout" not in raised.log()
+        finally:
+            raised.stop()
+    finally:
+        with Connection(stack.env["DIFFQ_BROKER_URL"]) as conn:
+            for queue in ("gpu.tiny-long", "gpu.tiny-long.dlq"):
+                conn.default_channel.queue_delete(queue)
