@@ -16,6 +16,7 @@ import requests
 from PIL import Image
 
 from testbed.jobs import auth, submit, wait_terminal
+from testbed.waiting import wait_until
 from tests.conftest import ServedVideo
 from workers.video import probe
 
@@ -300,3 +301,44 @@ def test_the_python_client_and_the_cli_make_clips(served_video, tmp_path):
     )
     assert refused.returncode == 2, refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1 and "num_frames" in refused.stderr
+
+
+def test_one_tenants_clips_do_not_starve_anothers_images(embedded):
+    """`diffq up`'s one worker serves the image and the video queues: a tenant's row of
+    long clips, submitted first, does not hold another tenant's image until they are all
+    done (the worker's consumer takes the queues in turn)."""
+    clips_key, images_key = embedded.new_key("clips"), embedded.new_key("images")
+    clips = [
+        submit(
+            embedded.url,
+            clips_key,
+            kind="txt2vid",
+            model=MODEL,
+            prompt=f"long {i}",
+            num_frames=49,
+            width=128,
+            height=128,
+            steps=50,
+        )
+        for i in range(4)
+    ]
+    # Once the first clip runs, the other three wait on the video queue behind it.
+    wait_until(
+        lambda: (
+            requests.get(
+                f"{embedded.url}/v1/jobs/{clips[0]['id']}", headers=auth(clips_key), timeout=10
+            ).json()["status"]
+            != "queued"
+        ),
+        timeout=120,
+    )
+    image = submit(embedded.url, images_key, prompt="a quick image", steps=2)
+    done_image = wait_terminal(embedded.url, images_key, image["id"], timeout=300)
+    done_clips = [wait_terminal(embedded.url, clips_key, c["id"], timeout=300) for c in clips]
+    assert done_image["status"] == "succeeded"
+    assert all(c["status"] == "succeeded" for c in done_clips)
+    starts = sorted(c["started_at"] for c in done_clips)
+    print(f"\nimage started {done_image['started_at']}; clips started {starts}")
+    assert done_image["started_at"] < starts[-1], "the image waited for every clip"
+    # A clip weighs what it costs: steps x frames, against the image's steps.
+    assert done_clips[0]["input"]["num_frames"] * 50 > 100 * done_image["input"]["steps"]
