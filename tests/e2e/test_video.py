@@ -342,3 +342,38 @@ def test_one_tenants_clips_do_not_starve_anothers_images(embedded):
     assert done_image["started_at"] < starts[-1], "the image waited for every clip"
     # A clip weighs what it costs: steps x frames, against the image's steps.
     assert done_clips[0]["input"]["num_frames"] * 50 > 100 * done_image["input"]["steps"]
+
+
+def test_a_json_body_with_an_image_url_reference_makes_an_image_to_video_job(served_video):
+    response = requests.post(
+        f"{served_video.url}/v1/videos",
+        json={
+            "prompt": "from a frame",
+            "seconds": 0.4,
+            "input_reference": {"image_url": _data_uri((64, 64), (0, 0, 250))},
+        },
+        headers=auth(served_video.key),
+        timeout=10,
+    )
+    assert response.status_code == 200, response.text
+    video = response.json()
+    assert video["object"] == "video" and video["status"] in ("queued", "in_progress")
+    done = wait_terminal(served_video.url, served_video.key, video["id"], timeout=120)
+    assert done["input"]["kind"] == "img2vid" and done["status"] == "succeeded", done
+
+
+def test_a_reference_over_the_pixel_limit_is_refused_before_anything_is_queued(served_video):
+    buffer = io.BytesIO()
+    Image.new("RGB", (5000, 4000), (1, 2, 3)).save(buffer, "PNG")  # 20 Mpx, a few KB
+    before = _job_count(served_video)
+    response = requests.post(
+        f"{served_video.url}/v1/videos",
+        data={"prompt": "huge"},
+        files={"input_reference": ("huge.png", buffer.getvalue(), "image/png")},
+        headers=auth(served_video.key),
+        timeout=30,
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["param"] == "input_reference"
+    assert "pixels" in response.json()["error"]["message"]
+    assert _job_count(served_video) == before
