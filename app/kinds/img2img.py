@@ -52,11 +52,20 @@ class ImageKind(JobKind):
         for name in self.image_fields:
             if data.get(name) is None:
                 errors[name] = [f"Required for kind '{self.name}'."]
-        strength = data.get("strength")
+        # Checked with the values the worker will use: a field left out counts at its
+        # default (steps x the default strength 0.75 leaves no step at steps=1).
+        given = data.get("strength")
+        strength = self.default_strength if given is None else given
         steps = data.get("steps", spec.default_steps)
-        if strength is not None and denoise_steps(steps, strength) < 1:
-            errors.setdefault("strength", []).append(
-                f"strength x steps = {strength} x {steps} leaves no step to run: raise either."
+        if denoise_steps(steps, strength) < 1:
+            field = "steps" if given is None and "steps" in data else "strength"
+            said = {"steps": "" if "steps" in data else " (the model's default)"}
+            said["strength"] = " (the default)" if given is None else ""
+            least = next(n for n in range(1, spec.max_steps + 1) if denoise_steps(n, strength))
+            errors.setdefault(field, []).append(
+                f"strength x steps = {strength}{said['strength']} x {steps}{said['steps']} "
+                f"leaves no step to run: ask for at least {least} steps, or a strength "
+                f"of at least {1 / steps:.2f}."
             )
         return errors
 

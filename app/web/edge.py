@@ -72,6 +72,15 @@ class Edge:
         self.prefix = public.path.rstrip("/")
 
     def __call__(self, environ, start_response):
+        def with_nosniff(status, headers, exc_info=None):
+            # Every answer: a browser never second-guesses the type diffq assigned.
+            if not any(name.lower() == "x-content-type-options" for name, _ in headers):
+                headers = [*headers, ("X-Content-Type-Options", "nosniff")]
+            return start_response(status, headers, exc_info)
+
+        return self._serve(environ, with_nosniff)
+
+    def _serve(self, environ, start_response):
         on_metrics_port = environ.get("SERVER_PORT") == self.metrics_port
         path = environ.get("PATH_INFO", "")
         if on_metrics_port != (path == "/metrics") and not (on_metrics_port and path == "/healthz"):

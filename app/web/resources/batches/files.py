@@ -18,6 +18,7 @@ from app.db.types import utcnow
 from app.ids import uuid7
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
+from app.web.downloads import attachment
 from app.web.resources.batches import errors
 from app.web.resources.batches.schemas import FileListSchema, FileSchema
 from app.web.services import request_session, services
@@ -176,7 +177,7 @@ class FileContent(MethodView):
         """
         found = _file_or_404(file_id)
         svc = services()
-        headers = {"Content-Disposition": f'attachment; filename="{found.filename}"'}
+        headers = {"Content-Disposition": attachment(found.filename)}
         if found.storage_key is not None:
             return Response(
                 svc.storage.get(found.storage_key), mimetype="application/jsonl", headers=headers

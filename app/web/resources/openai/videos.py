@@ -31,6 +31,7 @@ from app.kinds.video import allowed_frames, frames_for_seconds
 from app.uploads import InputRefused
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
+from app.web.downloads import attachment
 from app.web.inputs import checked_png
 from app.web.resources.jobs.schemas import JobCreateSchema
 from app.web.resources.jobs.submit import submit
@@ -443,6 +444,6 @@ class VideoContent(MethodView):
         response = Response(data, mimetype=entry["content_type"])
         extension = entry["key"].rsplit(".", 1)[-1]
         name = f"{job.id}{'' if variant == 'video' else '-thumbnail'}.{extension}"
-        response.headers["Content-Disposition"] = f'attachment; filename="{name}"'
+        response.headers["Content-Disposition"] = attachment(name)
         response.headers["Cache-Control"] = "private, max-age=3600"
         return response
