@@ -7,6 +7,7 @@ address itself — no second lookup a rebinding DNS server could answer differen
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import re
 import socket
@@ -143,6 +144,7 @@ def check_url(url: str, allow: Sequence[Network] = ()) -> tuple[str, str, int, s
         raise UnsafeUrl("the URL has no host")
     if any(ch.isspace() for ch in url) or "\\" in parts.netloc:
         raise UnsafeUrl("the URL contains whitespace or backslashes")
+    host = _ascii_host(host)
     literal = _literal(host)
     if literal is not None:
         check_address(literal, allow)
@@ -152,12 +154,35 @@ def check_url(url: str, allow: Sequence[Network] = ()) -> tuple[str, str, int, s
     return parts.scheme, host, port or (443 if parts.scheme == "https" else 80), path
 
 
+def _ascii_host(host: str) -> str:
+    """The host as the resolver and the connection will see it: IDNA (nameprep maps
+    full-width and ideographic dots to ".", circled letters to letters), so `127。0。0。1`
+    and `ⓛⓞⓒⓐⓛⓗⓞⓢⓣ` are judged as the loopback addresses they are."""
+    if host.isascii():
+        return host
+    try:
+        return host.encode("idna").decode("ascii").lower()
+    except UnicodeError as exc:
+        raise UnsafeUrl(f"{host!r} is not a valid host name") from exc
+
+
 Resolver = Callable[[str, int], list[str]]
 
 
 def system_resolver(host: str, port: int) -> list[str]:
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return [info[4][0] for info in infos]
+
+
+def check_url_at_submit(
+    url: str, allow: Sequence[Network] = (), resolve: Resolver | None = None
+) -> None:
+    """At submit: the form checks, and a name resolved as delivery will resolve it, so a
+    host that resolves to a refused address is refused now rather than at each delivery.
+    A name that does not resolve yet passes (the receiver may not be up); delivery checks
+    every address again (a rebinding name may change)."""
+    with contextlib.suppress(Unresolvable):
+        resolve_target(url, allow, resolve or system_resolver)
 
 
 def resolve_target(

@@ -105,3 +105,13 @@ def test_an_edit_with_one_step_is_a_422_naming_steps_not_a_500(client, tenant_ke
     )
     assert answer.status_code == 422, answer.get_json()
     assert answer.get_json()["error"]["param"] == "steps"
+
+
+@pytest.mark.parametrize(
+    "host", ["127\u30020\u30020\u30021", "\u24db\u24de\u24d2\u24d0\u24db\u24d7\u24de\u24e2\u24e3"]
+)
+def test_a_unicode_loopback_webhook_is_a_422_at_submit(client, tenant_key, host):
+    body = {"prompt": "p", "webhook": f"http://{host}:9/hook"}
+    answer = client.post("/v1/jobs", json=body, headers=auth(tenant_key))
+    assert answer.status_code == 422, answer.get_json()
+    assert "webhook" in answer.get_json()["errors"]["json"]

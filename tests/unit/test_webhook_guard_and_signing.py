@@ -16,6 +16,7 @@ from app.webhooks.delivery import DeliveryConfig, next_delay, parse_retry_after
 from app.webhooks.guard import (
     UnsafeUrl,
     check_url,
+    check_url_at_submit,
     parse_allow_list,
     resolve_target,
     system_resolver,
@@ -242,3 +243,28 @@ def test_retry_schedule_with_jitter_and_retry_after():
     assert parse_retry_after("soon") is None
     http_date = (datetime.now(UTC) + timedelta(seconds=60)).strftime("%a, %d %b %Y %H:%M:%S GMT")
     assert 50 <= parse_retry_after(http_date) <= 61
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127\u30020\u30020\u30021/hook",  # ideographic full stops
+        "http://127\uff0e0\uff0e0\uff0e1/hook",  # full-width full stops
+        "http://\u24db\u24de\u24d2\u24d0\u24db\u24d7\u24de\u24e2\u24e3/hook",  # circled
+        "http://\uff11\uff12\uff17.0.0.1/hook",  # full-width digits
+    ],
+)
+def test_unicode_forms_of_loopback_are_refused_at_submit(url):
+    with pytest.raises(UnsafeUrl):
+        check_url(url)
+    with pytest.raises(UnsafeUrl):
+        check_url_at_submit(url, resolve=fake_dns({}))
+
+
+def test_a_name_resolving_to_a_refused_address_is_refused_at_submit():
+    records = {"sneaky.example": ["93.184.215.14", "127.0.0.1"], "fine.example": ["93.184.215.14"]}
+    with pytest.raises(UnsafeUrl, match=r"127\.0\.0\.1|loopback"):
+        check_url_at_submit("https://sneaky.example/h", resolve=fake_dns(records))
+    check_url_at_submit("https://fine.example/h", resolve=fake_dns(records))
+    # Not resolvable yet: accepted now, checked again at every delivery.
+    check_url_at_submit("https://not-yet.example/h", resolve=fake_dns(records))

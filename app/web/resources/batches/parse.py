@@ -35,7 +35,7 @@ from app.web.bodies import loads, parse_json_body
 from app.web.inputs import keep, without_inputs
 from app.web.resources.batches.endpoints import ENDPOINTS, LineRefused, load_job
 from app.web.strings import unstorable
-from app.webhooks.guard import UnsafeUrl, check_url, parse_allow_list
+from app.webhooks.guard import UnsafeUrl, check_url_at_submit, parse_allow_list
 
 JSONL_TYPES = ("application/jsonl", "application/x-ndjson", "application/x-jsonlines", "text/jsonl")
 MAX_CUSTOM_ID = 256
@@ -81,7 +81,7 @@ def _options(given: dict[str, Any], settings) -> dict[str, Any]:
         if not isinstance(webhook, str):
             _field_error("webhook", "Must be a URL.")
         try:
-            check_url(webhook, parse_allow_list(settings.webhook_allow_cidrs))
+            check_url_at_submit(webhook, parse_allow_list(settings.webhook_allow_cidrs))
         except UnsafeUrl as exc:
             _field_error("webhook", f"Not allowed: {exc}.")
     metadata = given.get("metadata")

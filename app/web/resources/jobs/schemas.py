@@ -19,7 +19,7 @@ from app.web.inputs import resolve_loras
 from app.web.services import services
 from app.web.strings import RefusesNul
 from app.webhooks.events import EVENT_TYPES
-from app.webhooks.guard import MAX_URL_LENGTH, UnsafeUrl, check_url, parse_allow_list
+from app.webhooks.guard import MAX_URL_LENGTH, UnsafeUrl, check_url_at_submit, parse_allow_list
 
 METADATA_MAX_BYTES = 2048
 MAX_CANCEL_AFTER = 7 * 24 * 3600
@@ -175,7 +175,7 @@ class _JobCreateFields(RefusesNul, ma.Schema):
         if value is None:
             return
         try:
-            check_url(value, parse_allow_list(services().settings.webhook_allow_cidrs))
+            check_url_at_submit(value, parse_allow_list(services().settings.webhook_allow_cidrs))
         except UnsafeUrl as exc:
             raise ma.ValidationError(f"Not allowed: {exc}.") from exc
 
