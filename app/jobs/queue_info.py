@@ -51,7 +51,8 @@ def mean_size(session: Session, *where: Any) -> float:
 
 @dataclass(frozen=True)
 class QueueInfo:
-    position: int  # jobs that will be delivered before this one; 0 means next
+    # Jobs that will be delivered before this one; 0 means next (None: it is running).
+    position: int | None
     eta_seconds: float | None  # None until the model has finished a job
 
 
@@ -104,6 +105,17 @@ def _remaining(cost: CostModel, units: float, progress: dict | None, elapsed: fl
     if progress.get("stage") == "denoising" and 0 < step < total:
         return elapsed * (total - step) / step
     return max(0.0, cost.seconds(units) - elapsed)
+
+
+def running_eta(job: Job) -> QueueInfo | None:
+    """A running job's seconds left, from its own pace once it is denoising (a long clip's
+    "about 3 minutes left"); None before its first step."""
+    progress = job.progress or {}
+    step, total = progress.get("step", 0), progress.get("total_steps", 0)
+    if job.started_at is None or progress.get("stage") != "denoising" or not 0 < step < total:
+        return None
+    elapsed = max(0.0, (utcnow() - job.started_at).total_seconds())
+    return QueueInfo(None, round(elapsed * (total - step) / step, 1))
 
 
 def fair_window(settings) -> float | None:

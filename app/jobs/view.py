@@ -359,7 +359,9 @@ class JobSchema(ma.Schema):
         metadata={
             "description": "While queued: an estimate of the seconds until it starts, from the "
             "model's recent run times (by steps, images and pixels) and the jobs ahead; null "
-            "until the model has run, and in a submit's 202."
+            "until the model has run, and in a submit's 202. While running (GET): the seconds "
+            "its denoising has left at its own pace so far (a long clip's time left); null "
+            "before its first step."
         },
     )
     priority = fields.String(metadata={"description": "low, normal or high."})

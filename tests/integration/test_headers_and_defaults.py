@@ -115,3 +115,21 @@ def test_a_unicode_loopback_webhook_is_a_422_at_submit(client, tenant_key, host)
     answer = client.post("/v1/jobs", json=body, headers=auth(tenant_key))
     assert answer.status_code == 422, answer.get_json()
     assert "webhook" in answer.get_json()["errors"]["json"]
+
+
+def test_a_running_job_says_its_time_left_at_its_own_pace():
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from app.db.types import utcnow
+    from app.jobs.queue_info import running_eta
+
+    def job(step: int, total: int, stage: str = "denoising", seconds: float = 30.0):
+        progress = {"stage": stage, "step": step, "total_steps": total}
+        return SimpleNamespace(progress=progress, started_at=utcnow() - timedelta(seconds=seconds))
+
+    info = running_eta(job(10, 40))  # 30 s for 10 steps: 90 s for the 30 left
+    assert info.position is None and 89 <= info.eta_seconds <= 92
+    assert running_eta(job(0, 40)) is None  # no pace yet
+    assert running_eta(job(5, 5)) is None  # denoising done: decoding, encoding
+    assert running_eta(job(3, 40, stage="loading")) is None

@@ -11,7 +11,7 @@ from flask.views import MethodView
 from flask_smorest import abort
 
 from app.jobs import service, transitions
-from app.jobs.queue_info import fair_window, queue_info
+from app.jobs.queue_info import fair_window, queue_info, running_eta
 from app.jobs.states import ErrorCode, JobStatus
 from app.jobs.view import job_json
 from app.web.auth import current_tenant, require_api_key
@@ -105,6 +105,8 @@ def _view(job, *, position: bool = True) -> dict:
     info = original = None  # each read only when needed (a submit's 202 needs neither)
     if position and job.status == JobStatus.QUEUED:
         info = queue_info(request_session(), job, fair_window(svc.settings))
+    elif position and job.status == JobStatus.RUNNING:
+        info = running_eta(job)
     if job.replay_of:
         original = service.get_job(request_session(), job.tenant_id, job.replay_of)
     return job_view(job, svc.storage, svc.settings.presign_ttl, info, original)
