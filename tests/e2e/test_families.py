@@ -65,7 +65,9 @@ def families(stack, tmp_path_factory):
     models_file = root / "models.toml"
     models_file.write_text(
         MODELS_TOML.format(
-            tiny=stack.tiny_model, adapter=stack.tiny_model.parent / "ink.safetensors"
+            tiny=stack.tiny_model,
+            adapter=stack.tiny_model.parent / "ink.safetensors",
+            tiny_video=stack.tiny_model.parent / "tiny-video",
         )
         + FAMILY_TABLES.format(**paths)
     )
