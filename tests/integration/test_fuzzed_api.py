@@ -27,7 +27,8 @@ EXAMPLES = 12  # per operation and mode: the suite's time budget, not the fuzzer
 # Values a JSON Schema cannot pin down, so a "schema-valid" request may rightly get a 422:
 # the list's `cursor` is an opaque token from an earlier page; a job's `webhook` must name a
 # public address and its `metadata` fit in 2 KiB of JSON; usage's `from` must not come after
-# its `to`, nor span over 366 days; an OpenAI request's `size` and `n` must fit the model;
+# its `to`, nor span over 366 days; an OpenAI request's `size` and `n` (a video's `size`
+# and `seconds`) must fit the model;
 # an upload's (or an edit's) bytes must be a real PNG, JPEG or WebP image, which a schema's
 # `format: binary` cannot say. (The bounds a schema can state are checked by
 # tests/integration/test_api_surface.py.)
@@ -40,6 +41,7 @@ OPAQUE_INPUT = {
     "GET /v1/usage",
     "POST /v1/images/generations",
     "POST /v1/images/edits",
+    "POST /v1/videos",
     "POST /v1/uploads",
     "POST /v1/batches",
     "POST /v1/files",
@@ -214,7 +216,7 @@ def test_malformed_bodies_are_4xx_problems_for_every_operation_with_a_body(
             return
         assert 400 <= response.status_code < 500, (body[:80], response.get_data(as_text=True))
         problem = response.get_json()
-        if path.startswith("/v1/images/"):
+        if path.startswith(("/v1/images/", "/v1/videos")):  # OpenAI's envelope
             assert problem["error"]["message"], problem
         else:
             assert problem["code"] == response.status_code and problem.get("errors"), problem

@@ -83,6 +83,7 @@ def test_no_hostile_body_gets_a_5xx_from_any_operation(request, content_type, da
         "file_id": str(uuid.uuid4()),
         "batch_id": str(uuid.uuid4()),
         "adapter_id": str(uuid.uuid4()),
+        "video_id": str(uuid.uuid4()),
     }
     operations = _operations(guarded_app, ids)
     assert ("POST", "/v1/images/generations") in operations and len(operations) >= 10

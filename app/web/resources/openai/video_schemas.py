@@ -88,7 +88,7 @@ class VideoSchema(ma.Schema):
 
 
 class VideoListQuerySchema(ma.Schema):
-    after = fields.String(metadata={"description": "The last id of the previous page."})
+    after = fields.UUID(metadata={"description": "The last id of the previous page."})
     limit = fields.Integer(load_default=20, validate=validate.Range(min=1, max=100))
     order = fields.String(load_default="desc", validate=validate.OneOf(("asc", "desc")))
 

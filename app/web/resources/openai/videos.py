@@ -30,7 +30,7 @@ from app.jobs.states import JobStatus
 from app.kinds.video import allowed_frames, frames_for_seconds
 from app.uploads import InputRefused
 from app.web.auth import current_tenant, require_api_key
-from app.web.bodies import Blueprint
+from app.web.bodies import Blueprint, parse_json_body
 from app.web.downloads import attachment
 from app.web.inputs import checked_png
 from app.web.resources.jobs.schemas import JobCreateSchema
@@ -42,6 +42,7 @@ from app.web.resources.openai.routes import (
     _http_error,
     _openai_error,
 )
+from app.web.resources.openai.schemas import SIZE_PATTERN
 from app.web.resources.openai.video_schemas import (
     VideoCreateSchema,
     VideoDeletedSchema,
@@ -89,10 +90,14 @@ CREATE_BODY = {
                 "type": "object",
                 "required": ["prompt"],
                 "properties": {
-                    "prompt": {"type": "string"},
-                    "model": {"type": "string"},
-                    "seconds": {"type": "string", "example": "2"},
-                    "size": {"type": "string", "example": "64x64"},
+                    "prompt": {"type": "string", "minLength": 1},
+                    "model": {"type": "string", "maxLength": 100},
+                    "seconds": {
+                        "type": "string",
+                        "pattern": r"^[0-9]{1,3}(\.[0-9]{1,3})?$",
+                        "example": "2",
+                    },
+                    "size": {"type": "string", "pattern": SIZE_PATTERN, "example": "64x64"},
                     "input_reference": {
                         "type": "string",
                         "format": "binary",
@@ -143,12 +148,17 @@ def _model_for(name: str | None):
 def _create_body() -> tuple[dict[str, Any], Any]:
     """The request's fields (JSON or a multipart form) and its input image, if any."""
     if request.mimetype == "multipart/form-data":
-        fields = {k: v for k, v in request.form.to_dict().items() if not k.startswith("input_")}
+        fields = {
+            k: v
+            for k, v in request.form.to_dict().items()
+            if isinstance(k, str) and not k.startswith("input_")  # a name not UTF-8: None
+        }
         reference = request.files.get("input_reference")
         if reference is None and request.form.get("input_reference[image_url]"):
             reference = request.form["input_reference[image_url]"]
     elif request.mimetype == "application/json":
-        fields = request.get_json(silent=True)
+        # The API's one parser (400 or 422 naming the problem; never a RecursionError).
+        fields = parse_json_body(request.get_data())
         if not isinstance(fields, dict):
             raise OpenAIError(400, "The body must be a JSON object.")
         fields = dict(fields)
@@ -261,22 +271,16 @@ def video_object(job: Job) -> dict[str, Any]:
     }
 
 
-def _video(job_id: str) -> Job:
+def _video(job_id: uuid.UUID) -> Job:
     """The tenant's video job (not deleted), or a 404."""
-    try:
-        parsed = uuid.UUID(job_id)
-    except ValueError:
-        parsed = None
-    job = None
-    if parsed is not None:
-        job = request_session().scalar(
-            select(Job).where(
-                Job.id == parsed,
-                Job.tenant_id == current_tenant(),
-                Job.model.in_(video_models()),
-                Job.data_removed_at.is_(None),
-            )
+    job = request_session().scalar(
+        select(Job).where(
+            Job.id == job_id,
+            Job.tenant_id == current_tenant(),
+            Job.model.in_(video_models()),
+            Job.data_removed_at.is_(None),
         )
+    )
     if job is None:
         raise OpenAIError(404, f"No video found with id '{job_id}'.", code="not_found")
     return job
@@ -313,6 +317,9 @@ class Videos(MethodView):
     @blp.arguments(VideoListQuerySchema, location="query")
     @blp.response(200, VideoListSchema)
     @blp.alt_response(401, description="No or bad API key (`authentication_error`).")
+    @blp.alt_response(
+        422, description="`after` that is no video id, or `limit`/`order` out of range."
+    )
     def get(self, args):
         """List your videos (OpenAI-compatible)
 
@@ -326,10 +333,7 @@ class Videos(MethodView):
         )
         descending = args["order"] == "desc"
         if "after" in args:
-            try:
-                after = uuid.UUID(args["after"])
-            except ValueError:
-                raise OpenAIError(422, "after: Not a video id.", param="after") from None
+            after = args["after"]
             query = query.where(Job.id < after if descending else Job.id > after)
         order = Job.id.desc() if descending else Job.id.asc()
         limit = args["limit"]
@@ -344,11 +348,11 @@ class Videos(MethodView):
         }
 
 
-@blp.route("/<video_id>")
+@blp.route("/<uuid:video_id>")
 class VideoById(MethodView):
     @blp.response(200, VideoSchema)
     @blp.alt_response(404, description="No such video (or not yours, or deleted).")
-    def get(self, video_id: str):
+    def get(self, video_id: uuid.UUID):
         """Get a video (OpenAI-compatible)
 
         Its status (`queued`, `in_progress`, `completed`, `failed`) and `progress` (0..100,
@@ -362,7 +366,7 @@ class VideoById(MethodView):
         409,
         description="Still queued or in progress: cancel it first (`POST /v1/jobs/{id}/cancel`).",
     )
-    def delete(self, video_id: str):
+    def delete(self, video_id: uuid.UUID):
         """Delete a video (OpenAI-compatible)
 
         Removes a finished video's MP4 and poster from the store; the video is gone from
@@ -391,7 +395,7 @@ class VideoById(MethodView):
         return {"id": str(job.id), "object": "video.deleted", "deleted": True}
 
 
-@blp.route("/<video_id>/content")
+@blp.route("/<uuid:video_id>/content")
 class VideoContent(MethodView):
     @blp.doc(
         parameters=[
@@ -412,7 +416,7 @@ class VideoContent(MethodView):
     @blp.alt_response(404, description="No such video (or not yours, or deleted).")
     @blp.alt_response(409, description="Not completed yet.")
     @blp.alt_response(422, description="A variant other than `video` or `thumbnail`.")
-    def get(self, video_id: str):
+    def get(self, video_id: uuid.UUID):
         """Download a video (OpenAI-compatible)
 
         The MP4 (H.264, yuv420p, faststart), or with `variant=thumbnail` its poster frame.
