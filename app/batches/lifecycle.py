@@ -164,8 +164,13 @@ def finish(session: Session, batch: Batch) -> bool:
             output_file_id=output_id,
             error_file_id=errors_id,
         )
+        # Not onto the loaded object: when another process recorded the end first, the
+        # update matches no row, and the ORM's "synchronize" would still give the object
+        # this call's file ids, which no row has (a reader then got a 404 for them).
+        .execution_options(synchronize_session=False)
     ).rowcount
     if not won:
+        session.expire(batch)  # read again: the end another process recorded
         return False
     short = batch.id.hex[:12]
     for file_id, purpose, name in (

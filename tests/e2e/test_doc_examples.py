@@ -277,8 +277,16 @@ def test_the_event_stream_transcript(served, shell):
     last = json.loads(re.search(r"^data: (.*)$", events[-1], re.M).group(1))
     assert names[-1] == "status" and last["status"] == "succeeded"
     assert last["result"]["images"][0]["url"]
-    progress = [json.loads(re.search(r"^data: (.*)$", e, re.M).group(1)) for e in events]
-    assert any(p.get("stage") == "denoising" and p.get("total_steps") == 20 for p in progress)
+    # Which progress writes a stream carries depends on when it reads (on SQLite streams
+    # poll, and 20 tiny steps may all fall between two reads): those it carries are
+    # well-formed, and the job's own progress ends at its 20 steps.
+    data = [
+        json.loads(re.search(r"^data: (.*)$", e, re.M).group(1))
+        for e, name in zip(events, names, strict=True)
+        if name == "progress"
+    ]
+    assert all(p["stage"] and p["total_steps"] in (0, 20) for p in data), data
+    assert last["progress"]["step"] == last["progress"]["total_steps"] == 20
 
 
 def test_the_openai_client(served):

@@ -549,3 +549,34 @@ def test_an_unexpected_failure_is_a_500_in_both_envelopes(client, tenant_key, mo
     assert answer.headers["x-should-retry"] == "false"
     assert body["message"] == "Internal server error." and "fell over" not in answer.text
     assert body["error"]["type"] == "server_error" and body["error"]["message"] == body["message"]
+
+
+def test_a_reader_that_loses_the_end_to_the_relay_shows_the_relays_files(client, tenant_key, db):
+    """The API and the relay may both see a batch's last line end: one records the end. The
+    one that lost shows the winner's file ids, never ids of its own that no row has (a
+    fault run read such an id and got a 404). The window is held open here: the loser's
+    batch is loaded before the winner commits, and finishes after."""
+    from app.batches import lifecycle
+    from app.db.models import Batch, BatchFile
+
+    batch = _post(client, tenant_key, {"requests": _requests(2)}).get_json()
+    client.post(f"/v1/batches/{batch['id']}/cancel", headers=auth(tenant_key))
+    with db.session() as session:  # open again, its end not yet recorded
+        session.execute(
+            update(Batch)
+            .where(Batch.id == uuid.UUID(batch["id"]))
+            .values(finished_at=None, status="cancelling", output_file_id=None, error_file_id=None)
+        )
+        session.query(BatchFile).filter(BatchFile.batch_id == uuid.UUID(batch["id"])).delete()
+    with db.session() as loser:
+        late = loser.get(Batch, uuid.UUID(batch["id"]))
+        assert late.finished_at is None
+        with db.session() as winner:
+            assert lifecycle.finish(winner, winner.get(Batch, late.id))
+            winner.commit()
+        assert lifecycle.finish(loser, late) is False
+        recorded = late.error_file_id
+        assert recorded is not None
+        assert loser.get(BatchFile, recorded) is not None, "an error file id no row has"
+    answer = client.get(f"/v1/files/{recorded}/content", headers=auth(tenant_key))
+    assert answer.status_code == 200, answer.get_json()

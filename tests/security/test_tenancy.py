@@ -64,7 +64,12 @@ def _resources(client, key: str) -> dict[str, str]:
         headers=auth(key),
     )
     assert batch.status_code in (200, 201, 202), batch.get_json()
+    video = client.post(
+        "/v1/videos", json={"prompt": "v", "model": "tiny-video"}, headers=auth(key)
+    )
+    assert video.status_code == 200, video.get_json()
     return {
+        "video_id": video.get_json()["id"],
         "job_id": job["id"],
         "upload_id": upload.get_json()["id"],
         "file_id": file.get_json()["id"],
@@ -158,7 +163,7 @@ def test_every_v1_route_needs_a_key(guarded_app):
             rule.rule,
             {
                 n: str(uuid.uuid4())
-                for n in ("job_id", "upload_id", "file_id", "batch_id", "adapter_id")
+                for n in ("job_id", "upload_id", "file_id", "batch_id", "adapter_id", "video_id")
             },
         )
         for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):

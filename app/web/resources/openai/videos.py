@@ -282,7 +282,8 @@ def _video(job_id: uuid.UUID) -> Job:
         )
     )
     if job is None:
-        raise OpenAIError(404, f"No video found with id '{job_id}'.", code="not_found")
+        # The same answer for another tenant's video as for none (nothing to tell apart).
+        raise OpenAIError(404, "No such video.", code="not_found")
     return job
 
 
