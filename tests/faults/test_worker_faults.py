@@ -276,7 +276,12 @@ def test_f7_a_poison_job_is_dead_lettered_and_does_not_block_the_queue(fault_sta
     assert sc.figures.faults == 3  # attempt cap 3: the fourth delivery is dead-lettered
     _assert_nothing_lost(fig, len(sc.accepted))
     assert len(during) == len(others)
-    assert ratio < 3.0
+    # Not blocked: other jobs finished while the poison was still being retried (an order
+    # of recorded events; the latency ratio is a figure, printed, never asserted: it
+    # failed once at 4.5 under load while nothing was blocked).
+    rows = sc.rows([poison, *others])
+    ahead = [j for j in others if rows[j].finished_at < rows[poison].finished_at]
+    assert ahead, "every other job waited for the poison job's end"
 
     def dead_letters() -> int:
         with Connection(stack.env["DIFFQ_BROKER_URL"]) as conn:
