@@ -20,6 +20,10 @@ JOB_FIELDS = ("job_id", "tenant", "attempt")
 # unless a model keeps its safety checker, and the PIL version serves it).
 TORCHVISION_FALLBACK = "requires torchvision (not installed); falling back to"
 TORCHVISION_FALLBACK_LOGGER = "transformers.utils.import_utils"
+# diffusers warns on `.to(dtype)` that a model's float32 modules may drift even when it
+# has none ("... kept in float32: []"): nothing to act on (video models' transformers).
+NO_FP32_MODULES = "that should be kept in float32: []"
+NO_FP32_MODULES_LOGGER = "diffusers.models.modeling_utils"
 _job: ContextVar[dict[str, Any] | None] = ContextVar("diffq_job", default=None)
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -88,13 +92,18 @@ class DropMessages(logging.Filter):
 def quiet_libraries(level: str) -> None:
     """Libraries' start-up chatter off every diffq process's output: alembic's INFO lines
     (its plugins set up on import, a migration context per readiness check) below
-    DEBUG, and transformers' torchvision fallback notices always. `diffq db upgrade`
+    DEBUG; transformers' torchvision fallback notices and diffusers' float32 warning about
+    no modules at all, always. `diffq db upgrade`
     shows its migrations itself (cli/admin.py)."""
     alembic = logging.getLogger("alembic")
     alembic.setLevel(logging.NOTSET if str(level).upper() == "DEBUG" else logging.WARNING)
-    source = logging.getLogger(TORCHVISION_FALLBACK_LOGGER)
-    if not any(isinstance(f, DropMessages) for f in source.filters):
-        source.addFilter(DropMessages(TORCHVISION_FALLBACK))
+    for name, text in (
+        (TORCHVISION_FALLBACK_LOGGER, TORCHVISION_FALLBACK),
+        (NO_FP32_MODULES_LOGGER, NO_FP32_MODULES),
+    ):
+        source = logging.getLogger(name)
+        if not any(isinstance(f, DropMessages) for f in source.filters):
+            source.addFilter(DropMessages(text))
 
 
 def formatter(log_format: str) -> logging.Formatter:

@@ -44,7 +44,9 @@ def declare(sender, queues: list[str]) -> None:
 @signals.after_setup_logger.connect
 @signals.after_setup_task_logger.connect
 def structured_logs(logger=None, **_kwargs) -> None:
-    """Job fields on every line about a job; JSON lines with DIFFQ_LOG_FORMAT=json."""
+    """Job fields on every line about a job; JSON lines with DIFFQ_LOG_FORMAT=json; the
+    libraries' start-up chatter left out, as in every diffq process (app/logs.py)."""
+    logs.quiet_libraries(services().settings.log_level)
     if logger is not None:
         logs.apply(logger, services().settings.log_format, keep_text=True)
 
