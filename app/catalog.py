@@ -101,6 +101,10 @@ class ModelSpec:
     # torch.compile's backend: inductor (generated kernels); aot_eager and eager trace
     # without generating code (seconds instead of minutes: the CPU tests use them).
     compile_backend: str = "inductor"
+    # Checkpoints (workers/checkpoints.py): a running job's denoising state is stored
+    # every this many seconds, and when it is handed back (a shutdown, a spot notice), so
+    # a job that dies resumes there; 0: never.
+    checkpoint_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         family = FAMILIES.get(self.family)
@@ -165,6 +169,8 @@ class ModelSpec:
             )
         if self.dtype not in DTYPES:
             raise CatalogError(f"model {self.name!r}: dtype must be one of {DTYPES}")
+        if not (isinstance(self.checkpoint_seconds, int | float) and self.checkpoint_seconds >= 0):
+            raise CatalogError(f"model {self.name!r}: checkpoint_seconds must be 0 or more")
         if not self.queue:
             raise CatalogError(f"model {self.name!r}: queue is required")
         if self.size_multiple <= 0 or self.min_size % self.size_multiple:

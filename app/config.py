@@ -135,6 +135,7 @@ class Settings:
     sse_keepalive: float
     priority_aging: float
     shutdown_grace: float
+    shutdown_finish: float
     db_retry_seconds: float
     celery_config: str
     publish_timeout: float
@@ -324,6 +325,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         sse_keepalive=_float(env, "DIFFQ_SSE_KEEPALIVE", 15.0),
         priority_aging=_float(env, "DIFFQ_PRIORITY_AGING", 300.0),
         shutdown_grace=_float(env, "DIFFQ_SHUTDOWN_GRACE", 60.0),
+        shutdown_finish=_float(env, "DIFFQ_SHUTDOWN_FINISH", 10.0),
         db_retry_seconds=_float(env, "DIFFQ_DB_RETRY", 60.0),
         celery_config=env.get("DIFFQ_CELERY_CONFIG") or "celeryconfig",
         publish_timeout=_float(env, "DIFFQ_PUBLISH_TIMEOUT", 2.0),

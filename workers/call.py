@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.kinds import JobKind, JobRequest, kind_of
 from app.rules import SCHEDULERS
-from workers.compiled import denoiser_for, restore
+from workers import denoise_state
+from workers.compiled import denoiser_for, denoiser_name, restore
 from workers.rows import cut_rows, cut_scheduler, row_inputs
 
 if TYPE_CHECKING:
@@ -44,6 +45,31 @@ class Generation:
     nsfw: list[bool]
     # The scheduler the call ran with (its class and configuration go in the manifest).
     scheduler: Any = None
+    # The step it resumed from (a checkpoint's), or None: it ran from the first step.
+    resumed_from: int | None = None
+
+
+class ResumeRefused(Exception):
+    """The checkpoint's state does not fit the call (found at its boundary step)."""
+
+
+class Checkpointing(Protocol):
+    """A single job's checkpoints (workers/checkpoints.py): where the call resumes from,
+    and when it saves its state."""
+
+    resume: denoise_state.DenoiseState | None
+
+    def due(self, step: int, total: int) -> bool:
+        """Whether to save the state after this step (its interval has passed)."""
+
+    def save(self, state: denoise_state.DenoiseState, *, leaving: bool) -> None:
+        """Store it; `leaving`: the job leaves the call now (handed back), so wait."""
+
+    def refused(self, reason: str) -> None:
+        """The resume state did not fit the call: it runs from the first step."""
+
+    def resumed(self, step: int) -> None:
+        """The call goes on from the resume state's step."""
 
 
 def job_scheduler(model: LoadedModel, name: str) -> Any:
@@ -113,15 +139,26 @@ def generate(
     on_step: Sequence[Callable[[int, int], bool]],
     inputs: Sequence[Mapping[str, Any]] | None = None,
     adapters: Mapping[str, Mapping[str, Any]] | None = None,
+    checkpoints: Checkpointing | None = None,
 ) -> list[Generation | None]:
     """One Generation per job, in order; None for a job that left the call. `inputs`:
     each job's input images (PIL, by field: workers/inputs.py), for the kinds that start
     from one; the kind prepares them for the call and finishes its images with them.
     `adapters`: the jobs' LoRA adapters' tensors by digest (workers/adapters.py); the
     jobs share one adapter set (a batch field), made active for this call alone.
+    `checkpoints`: a single job's; the call saves its state at step boundaries when they
+    say so, and resumes from theirs (workers/denoise_state.py).
 
     Raises Interrupted when every job has left (nothing is decoded).
     """
+    try:
+        return _call(model, jobs, on_step, inputs, adapters, checkpoints)
+    except ResumeRefused as exc:  # the saved state did not fit this call: run it afresh
+        checkpoints.refused(str(exc))
+        return _call(model, jobs, on_step, inputs, adapters, checkpoints)
+
+
+def _call(model, jobs, on_step, inputs, adapters, checkpoints) -> list[Generation | None]:
     import torch
 
     kind = kind_of(jobs[0])
@@ -148,14 +185,40 @@ def generate(
         scheduler = pipeline.scheduler = job_scheduler(model, jobs[0].scheduler)
         eager = denoiser_for(model, pipeline, jobs[0].width, jobs[0].height)
         cuttable = row_inputs(pipeline)
+        if checkpoints is not None and len(jobs) > 1:
+            raise ValueError("checkpoints are a single job's")
+        resume = _resumable(checkpoints)
+        skipping = _skip_denoiser(pipeline) if resume is not None else None
+        resumed_from: list[int] = []
 
         def callback(pipe, step_index, _timestep, callback_kwargs):
+            nonlocal skipping
             total = pipe.num_timesteps
+            step = step_index + 1
+            if skipping is not None and step == resume.step:
+                skipping()  # the real denoiser back
+                skipping = None
+                if resume.total != total:
+                    raise ResumeRefused(f"it was made for {resume.total} steps, not {total}")
+                try:
+                    callback_kwargs["latents"] = denoise_state.restore(
+                        resume, callback_kwargs["latents"], pipe.scheduler, generators
+                    )
+                except denoise_state.StateError as exc:
+                    raise ResumeRefused(str(exc)) from exc
+                resumed_from.append(step)
+                checkpoints.resumed(step)
             leaving = []
             for index, still in enumerate(active):
                 if still and not on_step[index](step_index + 1, total):
                     active[index] = False
                     leaving.append(index)
+            saving = checkpoints is not None and skipping is None and step < total
+            if saving and (not active[0] or checkpoints.due(step, total)):
+                state = denoise_state.capture(
+                    step, total, callback_kwargs["latents"], pipe.scheduler, generators
+                )
+                checkpoints.save(state, leaving=not active[0])
             if not any(active):
                 raise Interrupted()  # nobody is left: no further step, no decode
             if not leaving:
@@ -182,6 +245,8 @@ def generate(
                     callback_on_step_end_tensor_inputs=cuttable or ["latents"],
                 )
         finally:
+            if skipping is not None:
+                skipping()
             pipeline.scheduler = model.scheduler  # between calls, the model's own
             restore(pipeline, eager)  # and its eager denoiser
     images = kind.outputs(output)  # per row: an image, or a clip's frames
@@ -193,5 +258,23 @@ def generate(
             continue
         rows = [r for r, job in enumerate(owner) if job == index]
         made = kind.finish(jobs[index], [images[r] for r in rows], prepared[index])
-        results.append(Generation(made, [bool(flagged[r]) for r in rows], scheduler))
+        nsfw = [bool(flagged[r]) for r in rows]
+        results.append(Generation(made, nsfw, scheduler, (resumed_from or [None])[0]))
     return results
+
+
+def _resumable(checkpoints: Checkpointing | None) -> denoise_state.DenoiseState | None:
+    """The state to resume from, if there is one past the first step."""
+    state = checkpoints.resume if checkpoints is not None else None
+    if state is not None and not 1 <= state.step < state.total:
+        checkpoints.refused(f"it holds step {state.step} of {state.total}")
+        return None
+    return state
+
+
+def _skip_denoiser(pipeline: Any) -> Callable[[], None]:
+    """Put a SkippedDenoiser in the pipeline; returns what puts the real one back."""
+    name = denoiser_name(pipeline)
+    real = getattr(pipeline, name)
+    setattr(pipeline, name, denoise_state.SkippedDenoiser(real))
+    return lambda: setattr(pipeline, name, real)

@@ -55,7 +55,7 @@ def model_digest(
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()
 
 
-def _version(package: str) -> str | None:
+def package_version(package: str) -> str | None:
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
@@ -93,10 +93,10 @@ def model_manifest(
         "safety_checker": safety_checker,
         "device": device_name(device),
         "versions": {
-            "diffq": _version("diffq"),
-            "diffusers": _version("diffusers"),
-            "torch": _version("torch"),
-            "transformers": _version("transformers"),
+            "diffq": package_version("diffq"),
+            "diffusers": package_version("diffusers"),
+            "torch": package_version("torch"),
+            "transformers": package_version("transformers"),
         },
     }
 

@@ -40,6 +40,10 @@ class ProgressReporter:
         self._wake = threading.Event()  # a step is pending (or closing)
         self._rest = threading.Event()  # set only to cut the rest short when closing
         self._closed = False
+        # Closing joins the writer: the post-processing thread (its stage write) and the
+        # task's thread (the run's end) may close at once, and two threads joining one
+        # thread together race inside CPython 3.11's Thread.join. One at a time.
+        self._closing = threading.Lock()
         self._thread: threading.Thread | None = None
         self.writes = 0
         self.owner = True
@@ -110,5 +114,6 @@ class ProgressReporter:
         self._pending = None
         self._wake.set()
         self._rest.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        with self._closing:
+            if self._thread is not None:
+                self._thread.join(timeout=10)

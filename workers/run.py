@@ -26,6 +26,7 @@ from app.metrics.instruments import WORKER_BUSY
 from app.storage import StorageUnavailable
 from workers import call, record
 from workers.adapters import AdapterMissing
+from workers.checkpoints import JobCheckpoints, open_checkpoints, with_leaving
 from workers.inputs import InputMissing, load_inputs
 from workers.lease import LeaseKeeper
 from workers.oom import free_accelerator_memory, is_out_of_memory
@@ -54,6 +55,7 @@ class Member:
     outcome: Outcome | None = None
     inputs: dict[str, Any] = field(default_factory=dict)  # its input images, loaded
     adapters: dict[str, Any] = field(default_factory=dict)  # its adapters' tensors, by digest
+    checkpoints: JobCheckpoints | None = None  # a job running alone, where its model saves them
 
     def __post_init__(self) -> None:
         self.request = self.job.request  # read from the row once
@@ -122,14 +124,17 @@ def _generate(rt: WorkerRuntime, model: LoadedModel, members: list[Member]) -> N
     if not running:
         return
     out_of_memory = False
+    if len(running) == 1:
+        running[0].checkpoints = open_checkpoints(rt, running[0].job, model)
     pipeline_started = time.perf_counter()
     try:
         outputs = call.generate(
             model,
             [m.request for m in running],
-            on_step=[m.reporter.step for m in running],
+            on_step=[with_leaving(m.reporter.step, m.checkpoints) for m in running],
             inputs=[m.inputs for m in running],
             adapters={k: v for m in running for k, v in m.adapters.items()},
+            checkpoints=running[0].checkpoints,
         )
         request = running[0].request
         rt.adapter_memory.ran(request.loras, request.adapter_set)

@@ -52,6 +52,10 @@ class WorkerRuntime(Services):
         self.postprocessor = postprocessor
         # Set by a shutdown: a stopped job goes back to the queue instead of being dropped.
         self.hand_back_requested = threading.Event()
+        # Set when a shutdown begins (a deploy, a spot notice): a job that checkpoints and
+        # has more than DIFFQ_SHUTDOWN_FINISH seconds left saves its state and goes back
+        # to the queue at its next step; the others finish within the grace.
+        self.draining = threading.Event()
         # The jobs running now (one, or a batch's), each with its stop flag: raised by a
         # cancel notification, a lost lease, or a shutdown that outlasts its grace.
         self._running: dict[uuid.UUID, threading.Event] = {}
@@ -113,6 +117,12 @@ class WorkerRuntime(Services):
         for job_id, stop in list(self._running.items()):
             if payload == str(job_id):
                 stop.set()
+
+    def request_drain(self) -> None:
+        """A shutdown began: start no further job; hand back the checkpointed ones that
+        would not finish soon (workers/checkpoints.py `leaving`)."""
+        self.hand_back_requested.set()
+        self.draining.set()
 
     def request_hand_back(self) -> None:
         """Stop every running job at its next step and return it to the queue."""

@@ -45,7 +45,10 @@ def store(
     job, request = member.job, member.request
     outcome = {
         "charge": usage.Charge(gpu_seconds, device_name(model.device), len(output.images)),
-        "manifest": job_manifest(model.manifest or {}, output.scheduler, request),
+        "manifest": {
+            **job_manifest(model.manifest or {}, output.scheduler, request),
+            **(member.checkpoints.manifest() if member.checkpoints else {}),
+        },
         # The cache key from the weights this worker ran, not the ones the API assumed.
         "cache_key": cache_key(model.digest, request) if job.cache_key and model.digest else None,
     }
@@ -84,7 +87,10 @@ def finish(
         if flagged:
             entry["nsfw_filtered"] = True  # a black image, not what was asked for
     steps = member.request.denoise_steps
-    return record.succeed(rt, job, files, steps, outcome, timing, member.reporter.writes)
+    recorded = record.succeed(rt, job, files, steps, outcome, timing, member.reporter.writes)
+    if member.checkpoints is not None:  # recorded: nothing will resume it again
+        member.checkpoints.discard()
+    return recorded
 
 
 def _finish_later(

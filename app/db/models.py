@@ -265,6 +265,9 @@ class Job(Base):
     # with, so that a message redelivered from before a hand-back is known as stale and
     # never takes over a run that a later message started (workers/claim.py).
     requeues: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    # The step of the job's last stored checkpoint (workers/checkpoints.py), or None: a
+    # worker that claims it resumes from there; removed with the checkpoint at its end.
+    checkpoint_step: Mapped[int | None] = mapped_column(Integer)
 
     @property
     def request(self) -> JobRequest:

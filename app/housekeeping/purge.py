@@ -49,6 +49,7 @@ def purge_finished_jobs(
                     Job.finished_at < cutoff,
                     or_(Job.status != JobStatus.SUCCEEDED, Job.data_removed_at.is_not(None)),
                     Job.batch_id.is_(None),  # a batch's jobs go with it (app/batches)
+                    Job.checkpoint_step.is_(None),  # its checkpoint goes first (retention)
                 )
                 .order_by(Job.finished_at)
                 .limit(batch)

@@ -14,7 +14,11 @@ from app.housekeeping.deadlines import cancel_expired
 from app.housekeeping.leases import reap_lost_jobs
 from app.housekeeping.outbox import dispatch_webhooks, publish_unpublished
 from app.housekeeping.purge import purge_finished_jobs
-from app.housekeeping.retention import remove_expired_results, remove_unused_inputs
+from app.housekeeping.retention import (
+    remove_expired_results,
+    remove_left_checkpoints,
+    remove_unused_inputs,
+)
 from app.services import Services
 from app.storage import Storage
 
@@ -28,6 +32,7 @@ def relay_pass(
     if storage is not None:
         remove_expired_results(db, storage, retention_seconds=settings.result_retention)
         remove_unused_inputs(db, storage, retention_seconds=settings.result_retention)
+        remove_left_checkpoints(db, storage)
     purge_finished_jobs(db, retention_seconds=settings.job_retention)
     publish_unpublished(db, publisher, older_than_seconds=settings.relay_after)
     cancel_expired(db)

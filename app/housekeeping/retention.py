@@ -18,9 +18,11 @@ from app.jobs import transitions
 from app.jobs.results import result_keys
 from app.jobs.states import JobStatus
 from app.kinds import KINDS
-from app.storage import Storage, StorageError
+from app.storage import Storage, StorageError, checkpoint_key
 
 log = logging.getLogger(__name__)
+
+TERMINAL = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED)
 
 
 def remove_expired_results(
@@ -72,6 +74,33 @@ def remove_expired_results(
                 )
     if removed:
         log.info("retention: removed the images of %d job(s)", removed)
+    return removed
+
+
+def remove_left_checkpoints(db: Database, storage: Storage, *, limit: int = 100) -> int:
+    """Checkpoints of jobs that ended without their worker removing them (canceled while
+    queued after a hand-back, failed by the relay, a worker lost at the end): at once,
+    since nothing will resume a finished job (workers/checkpoints.py)."""
+    with db.session() as session:
+        left = list(
+            session.execute(
+                select(Job.id, Job.tenant_id)
+                .where(Job.checkpoint_step.is_not(None), Job.status.in_(TERMINAL))
+                .limit(limit)
+            )
+        )
+    removed = 0
+    for job_id, tenant_id in left:
+        try:
+            storage.delete(checkpoint_key(tenant_id, job_id))
+        except StorageError as exc:
+            log.warning("retention: job %s checkpoint not deleted yet (%s)", job_id, exc)
+            continue
+        with db.session() as session:
+            transitions.forget_checkpoint(session, job_id)
+        removed += 1
+    if removed:
+        log.info("retention: removed %d finished job(s)' checkpoints", removed)
     return removed
 
 

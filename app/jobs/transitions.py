@@ -162,6 +162,22 @@ def record_progress(
     )
 
 
+def record_checkpoint(session: Session, job_id: uuid.UUID, *, owner: str, step: int) -> bool:
+    """A checkpoint of the job at `step` is stored; False if this owner no longer holds it."""
+    return change(
+        session,
+        job_id,
+        Job.status == JobStatus.RUNNING,
+        Job.lease_owner == owner,
+        checkpoint_step=step,
+    )
+
+
+def forget_checkpoint(session: Session, job_id: uuid.UUID) -> None:
+    """The job's checkpoint is gone from the store (its end, or it could not be resumed)."""
+    session.execute(update(Job).where(Job.id == job_id).values(checkpoint_step=None))
+
+
 def finish_succeeded(
     session: Session,
     job_id: uuid.UUID,

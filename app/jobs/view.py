@@ -221,6 +221,12 @@ class LoraManifestSchema(ma.Schema):
     name = fields.String(metadata={"description": "A shared adapter's name (the catalog's)."})
 
 
+class ResumeSchema(ma.Schema):
+    from_step = fields.Integer(metadata={"description": "The step it went on from.", "example": 64})
+    worker = fields.String(metadata={"example": "gpu0@node-7"})
+    at = fields.String(metadata={"example": "2026-11-28T15:02:11+00:00"})
+
+
 class ManifestSchema(ma.Schema):
     model = fields.String()
     model_sha256 = fields.String(
@@ -257,6 +263,22 @@ class ManifestSchema(ma.Schema):
     versions = fields.Nested(VersionsSchema)
     video = fields.Nested(
         VideoManifestSchema, metadata={"description": "A clip's encoding (video jobs only)."}
+    )
+    resumes = fields.List(
+        fields.Nested(ResumeSchema),
+        metadata={
+            "description": "Each time a run of the job resumed from its checkpoint (after a "
+            "worker was lost, a shutdown or a spot notice), in order; absent: it ran from "
+            "its first step. The images are the bytes an uninterrupted run makes."
+        },
+    )
+    resume_note = fields.String(
+        metadata={
+            "description": "Why a stored checkpoint was not resumed (missing, unreadable, "
+            "another model or diffq version): the job ran from its first step.",
+            "example": "the checkpoint at step 12 was not resumed (its diffq is '0.9.0', "
+            "not '1.0.0'): started afresh",
+        }
     )
 
 

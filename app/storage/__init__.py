@@ -7,12 +7,24 @@ from urllib.parse import urlparse
 from app.config import Settings
 from app.storage.base import Storage, StorageError, StorageUnavailable
 
-__all__ = ["Storage", "StorageError", "StorageUnavailable", "image_key", "open_storage"]
+__all__ = [
+    "Storage",
+    "StorageError",
+    "StorageUnavailable",
+    "checkpoint_key",
+    "image_key",
+    "open_storage",
+]
 
 
 def image_key(tenant_id: object, job_id: object, index: int, extension: str) -> str:
     """Derived from the job id alone, so a re-run overwrites rather than duplicates."""
     return f"{tenant_id}/{job_id}/{index}.{extension}"
+
+
+def checkpoint_key(tenant_id: object, job_id: object) -> str:
+    """A running job's checkpoint (workers/checkpoints.py), beside its images."""
+    return f"{tenant_id}/{job_id}/checkpoint.pt"
 
 
 def open_storage(settings: Settings) -> Storage:

@@ -19,6 +19,9 @@ from tasks.celery_app import services
 log = logging.getLogger(__name__)
 # Sent by the main process to its pool children when a warm shutdown outlasts its grace.
 HAND_BACK_SIGNAL = signal.SIGUSR2
+# Sent by the main process to its pool children when a warm shutdown begins: a job that
+# checkpoints and is far from its end saves its state and goes back at once.
+DRAIN_SIGNAL = signal.SIGRTMIN
 
 _controller = None  # the WorkController, in the main process
 _queues: list[str] = []  # the queues consumed; pool children inherit it
@@ -69,19 +72,27 @@ def start(sender, queues: list[str]) -> None:
 
 
 def hand_back_after_grace(**_kwargs) -> None:
-    """Warm shutdown lets the running job finish; past DIFFQ_SHUTDOWN_GRACE seconds, the
-    pool children stop it at the next step and return it to the queue."""
+    """Warm shutdown: at once, a checkpointed job with more than DIFFQ_SHUTDOWN_FINISH
+    seconds left saves its state and goes back to the queue (a spot notice is short); the
+    others may finish, and past DIFFQ_SHUTDOWN_GRACE seconds the pool children stop them
+    at the next step and return them to the queue."""
     grace = services().settings.shutdown_grace
 
-    def expire() -> None:
+    def children() -> list:
         pool = getattr(getattr(_controller, "pool", None), "_pool", None)
-        for process in getattr(pool, "_pool", None) or []:
-            if process.pid and process.exitcode is None:
-                log.warning(
-                    "shutdown grace (%ss) over: handing back the job of pid %s", grace, process.pid
-                )
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, HAND_BACK_SIGNAL)
+        return [p for p in getattr(pool, "_pool", None) or [] if p.pid and p.exitcode is None]
+
+    for process in children():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, DRAIN_SIGNAL)
+
+    def expire() -> None:
+        for process in children():
+            log.warning(
+                "shutdown grace (%ss) over: handing back the job of pid %s", grace, process.pid
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, HAND_BACK_SIGNAL)
 
     timer = threading.Timer(grace, expire)
     timer.daemon = True
@@ -100,6 +111,7 @@ def load_models(**_kwargs) -> None:
         _runtime = root.install(build_runtime(services(), list(_queues)))
         _runtime.report = report_outcome
         signal.signal(HAND_BACK_SIGNAL, lambda *_: _runtime.request_hand_back())
+        signal.signal(DRAIN_SIGNAL, lambda *_: _runtime.request_drain())
     except Exception:
         # A pool child that raises here is restarted forever by the pool; instead stop
         # the whole worker so the failure is seen (and a supervisor restarts it).

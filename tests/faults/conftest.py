@@ -72,7 +72,7 @@ max_wait_ms = 300
 
 # A tiny LTX-Video (workers/tiny_video.py), built only when a video scenario first needs
 # it (FaultStack.start_video_worker); clips of up to 25 frames, with enough steps that a
-# kill lands mid-denoising.
+# kill lands mid-denoising, and checkpoints several times a second.
 [models.tiny-video]
 path = "{tiny_video}"
 queue = "gpu.tiny-video"
@@ -88,6 +88,7 @@ max_steps = 500
 default_steps = 2
 default_frames = 9
 max_frames = 25
+checkpoint_seconds = 0.2
 soft_time_limit = 150
 time_limit = 180
 """
@@ -127,13 +128,16 @@ class FaultStack:
         self.workers[name] = worker
         return worker
 
-    def start_video_worker(self, name: str = "video") -> ManagedProcess:
+    def start_video_worker(
+        self, name: str = "video", extra_env: dict[str, str] | None = None
+    ) -> ManagedProcess:
         """A worker serving `tiny-video` alone, its model built on first use (only the
         video scenarios need it); stop it with `stop_workers([name])`."""
         path = self.logs.parent / "models" / "tiny-video"
         if not path.exists():
             build_tiny_model(path, family="ltx")
-        worker = start_worker(self.env, self.logs, f"worker-{name}", models="tiny-video")
+        env = {**self.env, **(extra_env or {})}
+        worker = start_worker(env, self.logs, f"worker-{name}", models="tiny-video")
         self.workers[name] = worker
         return worker
 

@@ -42,6 +42,7 @@ FLOORS = {
     "F20": 1,  # a job's message stranded with a consumer that does nothing with it
     "F21": 3,  # kill -9 of a pool process mid-clip (video)
     "F22": 1,  # a delivery held past RabbitMQ's consumer_timeout
+    "F23": 1,  # a spot notice (SIGTERM) mid-clip: checkpointed, handed back, resumed
 }
 
 

@@ -54,6 +54,8 @@ def test_entries_get_their_own_queue_and_relative_paths_resolve(tmp_path):
         ('path = "/m"\nkinds = ["txt2img", "video"]', "kinds must be some of"),
         ('path = "/m"\nkinds = []', "kinds must be some of"),
         ('path = "/m"\nmax_steps = 1000', "max_steps must be at most 999"),
+        ('path = "/m"\ncheckpoint_seconds = -1', "checkpoint_seconds must be 0 or more"),
+        ('path = "/m"\ncheckpoint_seconds = "often"', "checkpoint_seconds must be 0 or more"),
     ],
 )
 def test_unsafe_or_broken_entries_are_refused(tmp_path, table, fragment):

@@ -158,3 +158,41 @@ def test_a_lost_claim_or_a_cancel_stops_the_run_at_the_next_step():
     stop.set()
     assert reporter.step(2, 4) is False and reporter.last_step == 2
     reporter.close()
+
+
+def test_two_threads_closing_the_reporter_never_join_its_writer_together():
+    """The post-processing thread closes a job's reporter (its "uploading" stage) while
+    the task's thread closes it at the end of the run. Two threads joining one thread at
+    once race inside CPython 3.11's `Thread.join`: the first releases the exiting
+    thread's lock and asserts it is free while the second has just taken it
+    (`AssertionError`, and `RuntimeError: release unlocked lock` in the other). That
+    failed a job's post-processing and let its lease lapse, so the job ran twice (seen in
+    N7 under load). The window inside CPython cannot be held open from here; what the fix
+    guarantees can: however many threads close at once, one joins at a time. The writer
+    here is a stand-in whose join takes 50 ms and counts who is inside."""
+    inside, most = [0], [0]
+    lock = threading.Lock()
+
+    class Writer:
+        def join(self, timeout=None):
+            with lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            time.sleep(0.05)
+            with lock:
+                inside[0] -= 1
+
+    reporter = ProgressReporter(lambda _progress: True, interval=0)
+    reporter._thread = Writer()
+    start = threading.Barrier(3)
+
+    def close():
+        start.wait()
+        reporter.close()
+
+    closers = [threading.Thread(target=close) for _ in range(3)]
+    for thread in closers:
+        thread.start()
+    for thread in closers:
+        thread.join(10)
+    assert most[0] == 1

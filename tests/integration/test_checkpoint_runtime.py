@@ -1,0 +1,286 @@
+"""Checkpoints on a worker runtime in this process, on PostgreSQL and S3 (production's
+stores) and on SQLite and local files (`diffq up`'s).
+
+A job handed back at a shutdown stores its state and goes back to the queue; the next run
+resumes at that step (the denoiser runs only the steps left, plus one), its manifest says
+so, its images are the uninterrupted run's bytes, and its checkpoint is gone. Every bad
+checkpoint (missing, truncated, another model's, another version's, a layout it does not
+know) starts the job afresh with the reason in its manifest, never losing it. A
+checkpoint left by a job that ended elsewhere is removed by the relay's retention."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from app.db.models import Job
+from app.housekeeping.retention import remove_left_checkpoints
+from app.jobs.payload import build_payload
+from app.jobs.service import create_job
+from app.jobs.states import JobStatus, Priority
+from app.keys import get_or_create_tenant
+from app.kinds import request_from_stored
+from app.storage import StorageError, checkpoint_key
+from workers import denoise_state, execute
+
+pytestmark = pytest.mark.services
+
+STEPS = 12
+
+
+@pytest.fixture(scope="module", params=["production", "embedded"])
+def runtime(request, stack, tmp_path_factory):
+    import os
+
+    from app.config import load_settings
+    from app.db.migrate import upgrade
+    from app.services import Services
+    from workers.runtime import build_runtime
+
+    env = dict(os.environ)
+    if request.param == "embedded":  # diffq up's stores: SQLite, local files
+        home = tmp_path_factory.mktemp("embedded-checkpoints")
+        env = {k: v for k, v in env.items() if not k.startswith(("DIFFQ_", "AWS_"))}
+        env.update(DIFFQ_HOME=str(home), DIFFQ_MODELS_FILE=os.environ["DIFFQ_MODELS_FILE"])
+    settings = load_settings(env)
+    if request.param == "embedded":
+        assert settings.database_url.startswith("sqlite") and settings.storage_url.startswith(
+            "file://"
+        )
+        upgrade(settings.database_url)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    # A drain sends back any job, however near its end.
+    rt = build_runtime(Services(replace(settings, shutdown_finish=0.0)), ["gpu.tiny"])
+    yield rt
+    rt.close()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def db(runtime):
+    return runtime.db
+
+
+def _new_job(db, seed: int):
+    request = {
+        "prompt": "a lighthouse at dusk",
+        "negative_prompt": None,
+        "model": "tiny",
+        "width": 64,
+        "height": 64,
+        "steps": STEPS,
+        "guidance_scale": 7.5,
+        "seed": seed,
+        "num_images": 1,
+        "scheduler": "euler_a",  # ancestral: the RNG's state matters
+        "output_format": "png",
+        "priority": "normal",
+    }
+    with db.session() as session:
+        tenant = get_or_create_tenant(session, "checkpoint-tests")
+        job = create_job(
+            session,
+            tenant.id,
+            model="tiny",
+            queue="gpu.tiny",
+            priority=Priority.NORMAL,
+            request=request_from_stored(request),
+            metadata=None,
+        )
+        return job.id, build_payload(job)
+
+
+def _row(db, job_id) -> Job:
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        session.expunge(job)
+        return job
+
+
+def _finish(runtime, payload, *, redelivered=False):
+    outcome = execute.execute_job(runtime, payload, redelivered=redelivered)
+    if runtime.postprocessor is not None:
+        assert runtime.postprocessor.drain(timeout=60)
+    return outcome
+
+
+def _image(runtime, job: Job) -> bytes:
+    return runtime.storage.get(job.result["images"][0]["key"])
+
+
+class DenoiserCalls:
+    """Counts the UNet's calls; calls `at_call(n)` before the n-th."""
+
+    def __init__(self, monkeypatch, unet, at_call=None):
+        self.count = 0
+        forward = unet.forward
+
+        def counted(*args, **kwargs):
+            self.count += 1
+            if at_call is not None:
+                at_call(self.count)
+            return forward(*args, **kwargs)
+
+        monkeypatch.setattr(unet, "forward", counted)
+
+
+@pytest.fixture
+def reference(runtime, db):
+    """An uninterrupted run of the job the tests interrupt: its image's bytes."""
+
+    def run(seed: int) -> bytes:
+        job_id, payload = _new_job(db, seed)
+        _finish(runtime, payload)
+        job = _row(db, job_id)
+        assert job.status == JobStatus.SUCCEEDED
+        assert "resumes" not in job.manifest
+        return _image(runtime, job)
+
+    return run
+
+
+def _drained(runtime):
+    runtime.draining.clear()
+    runtime.hand_back_requested.clear()
+
+
+def test_a_job_handed_back_at_a_shutdown_resumes_where_it_stopped(
+    runtime, db, monkeypatch, reference
+):
+    expected = reference(seed=21)
+    unet = runtime.models["tiny"].pipeline.unet
+    job_id, payload = _new_job(db, seed=21)
+    calls = DenoiserCalls(monkeypatch, unet, at_call=lambda n: n == 5 and runtime.request_drain())
+    try:
+        outcome = _finish(runtime, payload)
+    finally:
+        _drained(runtime)
+    handed = _row(db, job_id)
+    print(f"handed back: {outcome.verdict} ({outcome.reason}); checkpoint {handed.checkpoint_step}")
+    assert outcome.verdict == execute.Verdict.REQUEUE
+    assert handed.status == JobStatus.QUEUED and handed.checkpoint_step == 5
+    key = checkpoint_key(handed.tenant_id, job_id)
+    state = denoise_state.loads(runtime.storage.get(key))
+    assert (state.step, state.total, state.meta["job"]) == (5, STEPS, str(job_id))
+    assert calls.count == 5
+
+    calls = DenoiserCalls(monkeypatch, unet)
+    _finish(runtime, payload, redelivered=True)
+    done = _row(db, job_id)
+    manifest = done.manifest
+    print(f"resumed: {manifest.get('resumes')}; denoiser calls {calls.count}")
+    assert done.status == JobStatus.SUCCEEDED
+    assert [r["from_step"] for r in manifest["resumes"]] == [5]
+    assert manifest["resumes"][0]["worker"] == runtime.name
+    assert calls.count == STEPS - 5 + 1  # the steps left, and one for the skipped ones' shape
+    assert _image(runtime, done) == expected
+    assert done.checkpoint_step is None
+    with pytest.raises(StorageError):
+        runtime.storage.get(key)
+
+
+def _valid_state(runtime, db, monkeypatch, seed: int):
+    """A job stopped at step 4 by a drain: its row names the checkpoint, and its state."""
+    unet = runtime.models["tiny"].pipeline.unet
+    job_id, payload = _new_job(db, seed)
+    DenoiserCalls(monkeypatch, unet, at_call=lambda n: n == 4 and runtime.request_drain())
+    try:
+        assert _finish(runtime, payload).verdict == execute.Verdict.REQUEUE
+    finally:
+        _drained(runtime)
+    monkeypatch.undo()
+    job = _row(db, job_id)
+    key = checkpoint_key(job.tenant_id, job_id)
+    return job_id, payload, key, denoise_state.loads(runtime.storage.get(key))
+
+
+def _layout(number: int) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    torch.save({"format": number}, buffer)
+    return buffer.getvalue()
+
+
+def _with_meta(state, **meta):
+    return denoise_state.dumps(replace(state, meta={**state.meta, **meta}))
+
+
+BAD = {
+    "missing": (None, "missing from the store"),
+    "truncated": (lambda blob, state: blob[: len(blob) // 3], "unreadable"),
+    "another model": (
+        lambda blob, state: _with_meta(state, model_sha256="0" * 64),
+        "its model_sha256 is",
+    ),
+    "another version": (lambda blob, state: _with_meta(state, diffq="0.0.1"), "its diffq is"),
+    "another layout": (lambda blob, state: _layout(2), "layout 2"),
+    "not a checkpoint": (lambda blob, state: b"GIF89a", "unreadable"),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD))
+def test_a_bad_checkpoint_starts_the_job_afresh_and_says_why(
+    runtime, db, monkeypatch, reference, bad
+):
+    seed = 30 + list(BAD).index(bad)
+    expected = reference(seed)
+    job_id, payload, key, state = _valid_state(runtime, db, monkeypatch, seed)
+    spoil, reason = BAD[bad]
+    if spoil is None:
+        runtime.storage.delete(key)
+    else:
+        runtime.storage.put(key, spoil(runtime.storage.get(key), state), "application/x")
+    _finish(runtime, payload, redelivered=True)
+    done = _row(db, job_id)
+    manifest = done.manifest
+    print(f"{bad}: {manifest.get('resume_note')}")
+    assert done.status == JobStatus.SUCCEEDED and done.attempts == 1
+    assert "resumes" not in manifest
+    assert reason in manifest["resume_note"] and "started afresh" in manifest["resume_note"]
+    assert _image(runtime, done) == expected  # from step 0: the same bytes
+    assert done.checkpoint_step is None
+
+
+def test_a_checkpoint_left_by_a_job_that_ended_elsewhere_is_removed(runtime, db, monkeypatch):
+    job_id, _payload, key, _state = _valid_state(runtime, db, monkeypatch, seed=40)
+    with db.session() as session:
+        session.get(Job, job_id).status = JobStatus.CANCELED  # canceled while queued
+    running_id, _p, running_key, _s = _valid_state(runtime, db, monkeypatch, seed=41)
+    removed = remove_left_checkpoints(db, runtime.storage)
+    assert removed >= 1
+    assert _row(db, job_id).checkpoint_step is None
+    with pytest.raises(StorageError):
+        runtime.storage.get(key)
+    # A job that may still run keeps its own.
+    assert _row(db, running_id).checkpoint_step == 4
+    assert denoise_state.loads(runtime.storage.get(running_key)).step == 4
+
+
+def test_checkpoints_are_saved_every_interval_while_a_job_runs(runtime, db, monkeypatch):
+    """With an interval shorter than a step, a save is due at every step: each is
+    uploaded off the GPU's path (one at a time, the others skipped), the row follows the
+    stored one, and the job's end removes it."""
+    model = runtime.models["tiny"]
+    monkeypatch.setattr(model, "spec", replace(model.spec, checkpoint_seconds=1e-9))
+    stored: list[int] = []
+    put = runtime.storage.put
+
+    def counting_put(key, data, content_type):
+        if key.endswith("checkpoint.pt"):
+            stored.append(denoise_state.loads(data).step)
+        return put(key, data, content_type)
+
+    monkeypatch.setattr(runtime.storage, "put", counting_put)
+    job_id, payload = _new_job(db, seed=50)
+    _finish(runtime, payload)
+    done = _row(db, job_id)
+    print(f"checkpoints stored at steps {stored}")
+    assert done.status == JobStatus.SUCCEEDED
+    assert stored and stored == sorted(stored) and set(stored) <= set(range(1, STEPS))
+    assert done.checkpoint_step is None
+    with pytest.raises(StorageError):
+        runtime.storage.get(checkpoint_key(done.tenant_id, job_id))
