@@ -167,20 +167,46 @@ def other_key(db) -> str:
         return create_key(session, tenant, "other")
 
 
+# The fault scenarios that break a service or the network (the broker, PostgreSQL, S3,
+# partitions, clocks, the quorum cluster); the rest of tests/faults kill workers.
+SERVICE_FAULTS = frozenset(
+    {
+        "test_api_partitions.py",
+        "test_clock_jump.py",
+        "test_crash_faults.py",
+        "test_partitions.py",
+        "test_quorum_cluster.py",
+        "test_service_faults.py",
+    }
+)
+
+
+def process_of(nodeid: str) -> str:
+    """Which of scripts/test's four processes runs a test: the fault scenarios in two
+    (killed workers; broken services and networks), each on a fault stack of its own,
+    and everything else in two halves, by a checksum of the file's path (even enough:
+    546 and 544 s of test time when it was set)."""
+    import zlib
+
+    path = nodeid.split("::", 1)[0]
+    if path.startswith("tests/faults/"):
+        return "faults-services" if path.rsplit("/", 1)[1] in SERVICE_FAULTS else "faults-workers"
+    return f"main-{zlib.crc32(path.encode()) % 2}"
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """scripts/test's two processes: the fault scenarios (tests/faults) in one, the rest
-    in the other, each in collection order. A scheduler of our own rather than
-    `xdist_group` marks: xdist 3.8 groups by rewriting each test's node id, which pytest
-    9 no longer reads, so the marks spread every test over both processes (two fault
-    stacks and two quorum clusters at once on two cores)."""
+    """scripts/test's processes (`process_of`), each running its tests in collection
+    order. A scheduler of our own rather than `xdist_group` marks: xdist 3.8 groups by
+    rewriting each test's node id, which pytest 9 no longer reads, so the marks spread
+    tests over every process (two quorum clusters at once, say)."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class FaultsApart(LoadScopeScheduling):
+    class ByProcess(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "faults" if nodeid.startswith("tests/faults/") else "main"
+            return process_of(nodeid)
 
-    return FaultsApart(config, log)
+    return ByProcess(config, log)
 
 
 def pytest_sessionfinish(session) -> None:
