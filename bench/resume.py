@@ -10,7 +10,8 @@ resumed from the state at `--at` of its steps (what a run killed there costs on 
 worker, without the model's load). The variants are interleaved round by round; the
 ratio is baseline / variant. Each resumed clip is checked to be the baseline's bytes.
 The tiny random-weight models on the CPU; the state's size in bytes is printed (it grows
-with the latents: a 480p 81-frame Wan clip's latents are 8.4 MB in float32, about 34 MB with UniPC's saved outputs).
+with the latents: a 480p 81-frame Wan clip's latents are 8.4 MB in float32, about 34 MB
+with UniPC's saved outputs).
 """
 
 from __future__ import annotations

@@ -161,6 +161,9 @@ def generate(
 def _call(model, jobs, on_step, inputs, adapters, checkpoints) -> list[Generation | None]:
     import torch
 
+    if checkpoints is not None and len(jobs) > 1:
+        raise ValueError("checkpoints are a single job's")
+
     kind = kind_of(jobs[0])
     key = kind.batch_key(jobs[0])
     if any(kind_of(job) is not kind or kind.batch_key(job) != key for job in jobs[1:]):
@@ -185,8 +188,6 @@ def _call(model, jobs, on_step, inputs, adapters, checkpoints) -> list[Generatio
         scheduler = pipeline.scheduler = job_scheduler(model, jobs[0].scheduler)
         eager = denoiser_for(model, pipeline, jobs[0].width, jobs[0].height)
         cuttable = row_inputs(pipeline)
-        if checkpoints is not None and len(jobs) > 1:
-            raise ValueError("checkpoints are a single job's")
         resume = _resumable(checkpoints)
         skipping = _skip_denoiser(pipeline) if resume is not None else None
         resumed_from: list[int] = []
@@ -244,6 +245,8 @@ def _call(model, jobs, on_step, inputs, adapters, checkpoints) -> list[Generatio
                     callback_on_step_end=callback,
                     callback_on_step_end_tensor_inputs=cuttable or ["latents"],
                 )
+            if resume is not None and not resumed_from:  # its step never came
+                raise ResumeRefused(f"the call ended before step {resume.step}")
         finally:
             if skipping is not None:
                 skipping()

@@ -48,8 +48,12 @@ log = logging.getLogger(__name__)
 def open_checkpoints(rt: WorkerRuntime, job: Job, model: LoadedModel) -> JobCheckpoints | None:
     """A job running alone: its checkpoints, the stored one read; None where its model
     keeps none (`checkpoint_seconds = 0`)."""
+    import diffusers
+
     if model.spec.checkpoint_seconds <= 0:
         return None
+    if not isinstance(model.pipeline, diffusers.DiffusionPipeline):
+        return None  # a stand-in (workers/synthetic.py) carries no state to save
     checkpoints = JobCheckpoints(rt, job, model)
     checkpoints.load()
     return checkpoints
@@ -166,6 +170,8 @@ class JobCheckpoints:
         return self.interval > 0 and self._clock() - self._last >= self.interval
 
     def save(self, state: DenoiseState, *, leaving: bool) -> None:
+        if leaving and not self._rt.hand_back_requested.is_set():
+            return  # canceled, or taken over by another run: nothing resumes from here
         self._last = self._clock()
         state.meta = {**self.meta, "history": list(self.history)}
         if leaving:  # handed back: stored before the message goes back
@@ -207,9 +213,11 @@ class JobCheckpoints:
         except Exception:
             log.exception("job %s: checkpoint at step %s not stored", self._job_id, state.step)
             return
-        if held:
-            self.stored_step = state.step
-            self.saves += 1
+        if not held:
+            self._forget_unnamed()
+            return
+        self.stored_step = state.step
+        self.saves += 1
         log.info(
             "job %s: checkpoint at step %s/%s stored (%d bytes, %.0f ms)",
             self._job_id,
@@ -219,6 +227,17 @@ class JobCheckpoints:
             (time.perf_counter() - started) * 1000,
             extra={"job_id": str(self._job_id)},
         )
+
+    def _forget_unnamed(self) -> None:
+        """An upload that ended after this run lost the job (it finished, or another run
+        took it over): unless the row names a checkpoint (the other run's: it overwrites
+        this one and removes it at its end), nothing would ever remove it: now."""
+        from app.db.models import Job
+
+        with contextlib.suppress(Exception), self._rt.db.session() as session:
+            job = session.get(Job, self._job_id)
+            if job is None or job.status.terminal or job.checkpoint_step is None:
+                self._rt.storage.delete(self.key)
 
     # -- end ---------------------------------------------------------------------------
 

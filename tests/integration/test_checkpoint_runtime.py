@@ -284,3 +284,60 @@ def test_checkpoints_are_saved_every_interval_while_a_job_runs(runtime, db, monk
     assert done.checkpoint_step is None
     with pytest.raises(StorageError):
         runtime.storage.get(checkpoint_key(done.tenant_id, job_id))
+
+
+def test_a_run_that_loses_its_job_stores_nothing_as_it_leaves(runtime, db, monkeypatch):
+    """Canceled (or taken over by another run) mid-job: the run stops at its next step
+    and stores no checkpoint (nothing resumes a canceled job, and a taken-over job is in
+    another run's hands); only a hand-back stores one as it leaves."""
+    unet = runtime.models["tiny"].pipeline.unet
+    job_id, payload = _new_job(db, seed=60)
+
+    def cancel(n: int) -> None:
+        if n == 5:
+            with db.session() as session:
+                session.get(Job, job_id).status = JobStatus.CANCELED
+            runtime.on_cancel(None, str(job_id))
+
+    DenoiserCalls(monkeypatch, unet, at_call=cancel)
+    stored: list[str] = []
+    put = runtime.storage.put
+
+    def counting_put(key, data, content_type):
+        stored.append(key)
+        return put(key, data, content_type)
+
+    monkeypatch.setattr(runtime.storage, "put", counting_put)
+    outcome = _finish(runtime, payload)
+    job = _row(db, job_id)
+    print(f"canceled at step 5: {outcome.verdict} ({outcome.reason}); stored {stored}")
+    assert outcome.verdict == execute.Verdict.DISCARD
+    assert stored == []
+    assert job.status == JobStatus.CANCELED and job.checkpoint_step is None
+    with pytest.raises(StorageError):
+        runtime.storage.get(checkpoint_key(job.tenant_id, job_id))
+
+
+def test_an_upload_that_ends_after_its_job_did_removes_what_it_wrote(runtime, db, monkeypatch):
+    """A periodic save still uploading when its job ended (or another run took it over):
+    the row no longer takes it, and nothing would ever remove it, so the upload does."""
+    from workers.checkpoints import JobCheckpoints
+
+    job_id, _payload = _new_job(db, seed=70)
+    with db.session() as session:
+        session.get(Job, job_id).status = JobStatus.SUCCEEDED  # it ended meanwhile
+    job = _row(db, job_id)
+    stored: list[str] = []
+    put = runtime.storage.put
+    monkeypatch.setattr(
+        runtime.storage, "put", lambda key, *a: (stored.append(key), put(key, *a))[1]
+    )
+    checkpoints = JobCheckpoints(runtime, job, runtime.models["tiny"])
+    state = denoise_state.DenoiseState(3, STEPS, torch.zeros(1, 4, 8, 8), {}, [])
+    checkpoints.save(state, leaving=False)
+    checkpoints.wait()
+    key = checkpoint_key(job.tenant_id, job_id)
+    assert stored == [key]  # written, then
+    with pytest.raises(StorageError):
+        runtime.storage.get(key)  # removed
+    assert checkpoints.stored_step is None and _row(db, job_id).checkpoint_step is None

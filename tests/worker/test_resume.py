@@ -220,6 +220,15 @@ def test_a_state_that_does_not_fit_the_call_is_refused_and_the_job_runs_afresh(m
     assert refusing.refusals == ["it was made for 4 steps, not 6"]
     assert _pixels(output) == _pixels(_run(model, longer, inputs))
 
+    late = Checkpoints(at=3)
+    _run(model, job, inputs, late)
+    [(at_three, _)] = late.saved
+    shorter = replace(job, steps=2)  # its loop ends before the state's step
+    refusing = Checkpoints(resume=at_three)
+    output = _run(model, shorter, inputs, refusing)
+    assert refusing.refusals == ["the call ended before step 3"]
+    assert _pixels(output) == _pixels(_run(model, shorter, inputs))
+
 
 def test_unreadable_bytes_are_a_state_error_never_code(tmp_path):
     import pickle
