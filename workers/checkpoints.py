@@ -14,8 +14,10 @@ last one stopped on any worker that serves its model, not at step 0 (docs/reliab
   on the model's digest, from this diffq version, of the same kind and scheduler; anything
   else (missing, truncated, another model or version, a layout it does not know, a state
   that does not fit the call) starts the job afresh and says why in its manifest.
-- **Gone** when the job ends on a worker (succeeded, failed, canceled); one left behind by
-  a job that ended elsewhere is removed with the job's files (app/housekeeping/retention.py).
+- **Gone** when the job succeeds (after its outcome is recorded); the checkpoint of a job
+  that ended otherwise (failed, canceled, or finished by another run) is removed by the
+  relay's retention pass (app/housekeeping/retention.py), and an upload that ends after
+  its run lost the job removes what it wrote unless the row names a checkpoint.
 
 The manifest lists every resume: the step it resumed from and the worker.
 """

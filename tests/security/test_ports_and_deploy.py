@@ -18,7 +18,7 @@ import yaml
 
 from testbed.ports import free_port, wait_for_port
 from testbed.processes import ManagedProcess
-from testbed.seaweed import weed_binary
+from testbed.seaweed import weed_binary, weed_ports
 from testbed.waiting import wait_until
 
 from .conftest import new_key, submit
@@ -33,13 +33,6 @@ POLICIES = {
     if doc and doc.get("kind") == "NetworkPolicy"
 }
 WEED_PORTS = {"master": 9333, "volume": 8080, "filer": 8888, "s3": 8333}
-
-
-def _port_with_grpc_twin() -> int:
-    """A free port whose SeaweedFS gRPC twin (port + 10000) is a port too."""
-    while (port := free_port()) + 10000 > 65535:
-        pass
-    return port
 
 
 def _listening(pid: int) -> list[tuple[str, int]]:
@@ -93,24 +86,28 @@ def test_compose_publishes_only_the_s3_port_of_the_object_store_and_keeps_it_apa
 def test_the_object_store_as_compose_runs_it_opens_only_its_s3_port_with_credentials(tmp_path):
     """The compose command itself, its ports moved to free ones: the master, volume and
     filer servers listen on loopback only; the S3 gateway refuses a request unsigned."""
-    ports = {name: _port_with_grpc_twin() for name in WEED_PORTS}
     config = tmp_path / "s3.json"
     config.write_text(
         '{"identities": [{"name": "d", "credentials": [{"accessKey": "ak", "secretKey": "sk"}],'
         ' "actions": ["Admin", "Read", "Write", "List"]}]}'
     )
-    args = []
-    for arg in COMPOSE["s3"]["command"]:
-        arg = arg.replace("/etc/seaweedfs/s3.json", str(config)).replace("=/data", f"={tmp_path}")
-        for name, port in WEED_PORTS.items():
-            arg = re.sub(rf"^-{name}\.port={port}$", f"-{name}.port={ports[name]}", arg)
-        args.append(arg)
-    assert {f"-{n}.port={p}" for n, p in ports.items()} <= set(args), args
-    weed = ManagedProcess("weed-compose", [weed_binary(), *args], dict(os.environ), tmp_path)
-    weed.start()
+    # Ports as the suite's own S3 server draws them (testbed/seaweed.py: none of them
+    # another's gRPC twin, port + 10000: a clash failed this test once), drawn again if
+    # another process takes one before weed binds it.
+    for attempt in range(3):
+        ports = weed_ports()
+        weed = _compose_weed(ports, config, tmp_path / f"try{attempt}")
+
+        def up_or_gone(weed=weed, ports=ports) -> str | None:
+            if weed.process.poll() is not None:
+                return "exited"
+            return "up" if all(_accepts(ports[n]) for n in ("s3", "filer")) else None
+
+        if wait_until(up_or_gone, timeout=60, what="weed's S3 and filer ports") == "up":
+            break
+        if "address already in use" not in weed.log() or attempt == 2:
+            raise AssertionError(f"weed exited: {weed.log()[-2000:]}")
     try:
-        wait_for_port(ports["s3"], timeout=60)
-        wait_for_port(ports["filer"], timeout=60)
         time.sleep(1)
         listening = _listening(weed.pid)
         exposed = sorted({port for address, port in listening if not _loopback(address)})
@@ -125,6 +122,25 @@ def test_the_object_store_as_compose_runs_it_opens_only_its_s3_port_with_credent
         assert listing.status_code == 403
     finally:
         weed.stop()
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _compose_weed(ports: dict[str, int], config, workdir) -> ManagedProcess:
+    """The compose file's `s3` command, its ports and paths moved here, started."""
+    workdir.mkdir()
+    args = []
+    for arg in COMPOSE["s3"]["command"]:
+        arg = arg.replace("/etc/seaweedfs/s3.json", str(config)).replace("=/data", f"={workdir}")
+        for name, port in WEED_PORTS.items():
+            arg = re.sub(rf"^-{name}\.port={port}$", f"-{name}.port={ports[name]}", arg)
+        args.append(arg)
+    assert {f"-{n}.port={p}" for n, p in ports.items()} <= set(args), args
+    return ManagedProcess("weed-compose", [weed_binary(), *args], dict(os.environ), workdir).start()
 
 
 def test_kubernetes_opens_the_api_port_to_all_and_its_metrics_to_monitoring_only():
