@@ -58,6 +58,13 @@ def test_queued_jobs_report_their_position_and_an_honest_eta(api_server, worker,
         assert running["eta_seconds"] is not None and running["eta_seconds"] > 0, running
 
     wait_terminal(api_server.url, tenant_key, blocker["id"], timeout=60)
+    # The worker takes the next job a moment after the blocker's end is recorded (or
+    # before it): once the first of the backlog has left the queue, the last moves up.
+    wait_until(
+        lambda: get(api_server, tenant_key, backlog[0]["id"])["status"] != "queued",
+        timeout=60,
+        what="the first queued job started after the blocker",
+    )
     last = get(api_server, tenant_key, backlog[-1]["id"])
     assert last["status"] != "queued" or last["queue_position"] < 3
     _start_order(api_server, tenant_key, backlog)
