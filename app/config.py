@@ -143,6 +143,15 @@ class Settings:
     # An idle worker whose queues hold jobs published this long ago reopens its broker
     # connection, then has them published again (workers/stranded.py); 0: never.
     stranded_after: float
+    # A GPU worker looks this often which of its models are paused (workers/pausing.py);
+    # a delivery of a paused model is held this long before it goes back to the queue.
+    pause_poll: float
+    # Preemption (app/housekeeping/preemption.py): a `high` job waiting this long makes a
+    # long lower-priority job yield (0: never); a job with less left finishes; a job is
+    # preempted at most this many times.
+    preempt_after: float
+    preempt_min_left: float
+    max_preemptions: int
     api_bind: str
     device: str
     log_level: str
@@ -331,6 +340,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         publish_timeout=_float(env, "DIFFQ_PUBLISH_TIMEOUT", 2.0),
         relay_after=_float(env, "DIFFQ_RELAY_AFTER", 5.0),
         stranded_after=_float(env, "DIFFQ_STRANDED_AFTER", 60.0),
+        pause_poll=_float(env, "DIFFQ_PAUSE_POLL", 1.0),
+        preempt_after=_float(env, "DIFFQ_PREEMPT_AFTER", 2.0),
+        preempt_min_left=_float(env, "DIFFQ_PREEMPT_MIN_LEFT", 30.0),
+        max_preemptions=_int(env, "DIFFQ_MAX_PREEMPTIONS", 2),
         api_bind=env.get("DIFFQ_API_BIND") or "127.0.0.1:8000",
         device=env.get("DIFFQ_DEVICE") or "auto",
         log_level=env.get("DIFFQ_LOG_LEVEL") or "INFO",

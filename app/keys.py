@@ -50,12 +50,19 @@ def get_or_create_tenant(session: Session, name: str) -> Tenant:
     return tenant
 
 
-def create_key(session: Session, tenant: Tenant, label: str | None = None) -> str:
-    """Store a new key for the tenant and return its plaintext (the only time it exists)."""
+def create_key(
+    session: Session, tenant: Tenant, label: str | None = None, *, operator: bool = False
+) -> str:
+    """Store a new key for the tenant and return its plaintext (the only time it exists).
+    An `operator`'s key may also pause and resume models (app/web/auth.py)."""
     new = generate_key()
     session.add(
         ApiKey(
-            tenant_id=tenant.id, key_id=new.key_id, secret_hash=_hash(new.plaintext), label=label
+            tenant_id=tenant.id,
+            key_id=new.key_id,
+            secret_hash=_hash(new.plaintext),
+            label=label,
+            operator=operator,
         )
     )
     session.flush()

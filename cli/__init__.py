@@ -15,7 +15,7 @@ import click
 from sqlalchemy.exc import DBAPIError
 
 from app import logs, services
-from cli import admin, batch, client, operators, serve, up, video
+from cli import admin, batch, client, operators, pausing, serve, up, video
 
 
 @click.group("diffq", context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,6 +32,7 @@ for command in (
     up.up,
     *admin.COMMANDS,
     *operators.COMMANDS,
+    *pausing.COMMANDS,
     client.generate,
     video.video,
     client.jobs,

@@ -88,8 +88,13 @@ def keys() -> None:
 @keys.command("create")
 @click.option("--tenant", required=True, help="tenant name (created if new)")
 @click.option("--label", help="a note to recognise the key by")
+@click.option(
+    "--operator",
+    is_flag=True,
+    help="an operator's key: it may also pause and resume models through the API",
+)
 @_tenant_options
-def keys_create(tenant, label, weight, daily_gpu_seconds, no_quota) -> int:
+def keys_create(tenant, label, operator, weight, daily_gpu_seconds, no_quota) -> int:
     """Create a key (printed once, stored hashed)."""
     from app.keys import create_key, get_or_create_tenant
 
@@ -97,7 +102,7 @@ def keys_create(tenant, label, weight, daily_gpu_seconds, no_quota) -> int:
     with _db().session() as session:
         row = get_or_create_tenant(session, tenant)
         _apply_tenant_options(row, weight, daily_gpu_seconds, no_quota)
-        key = create_key(session, row, label)
+        key = create_key(session, row, label, operator=operator)
     print(key)
     return 0
 
@@ -111,7 +116,7 @@ def keys_list(tenant) -> int:
         print(f"{'KEY ID':<14}  {'CREATED':<20}  {'LAST USED':<20}  {'STATE':<8}  LABEL")
         for key in rows:
             used = key.last_used_at.strftime("%Y-%m-%d %H:%M:%S") if key.last_used_at else "-"
-            state = "revoked" if key.revoked_at else "active"
+            state = "revoked" if key.revoked_at else "operator" if key.operator else "active"
             created = key.created_at.strftime("%Y-%m-%d %H:%M:%S")
             print(f"{key.key_id:<14}  {created:<20}  {used:<20}  {state:<8}  {key.label or ''}")
     return 0

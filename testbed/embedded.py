@@ -81,8 +81,9 @@ class EmbeddedService:
             time.sleep(0.2)
         raise AssertionError(f"diffq up: no banner after {timeout}s:\n{self.log()[-3000:]}")
 
-    def new_key(self, prefix: str = "e") -> str:
-        """A key of a new tenant, written in the service's own SQLite database."""
+    def new_key(self, prefix: str = "e", *, operator: bool = False) -> str:
+        """A key of a new tenant, written in the service's own SQLite database (an
+        operator's with `operator`)."""
         from app.db.session import Database
         from app.keys import create_key, get_or_create_tenant
 
@@ -90,7 +91,7 @@ class EmbeddedService:
         try:
             with database.session() as session:
                 tenant = get_or_create_tenant(session, f"{prefix}-{uuid.uuid4().hex[:12]}")
-                return create_key(session, tenant, "test")
+                return create_key(session, tenant, "test", operator=operator)
         finally:
             database.dispose()
 

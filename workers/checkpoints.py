@@ -156,12 +156,13 @@ class JobCheckpoints:
 
     def leaving(self, step: int, total: int) -> bool:
         """Whether the job leaves now for a shutdown that began (the worker's SIGTERM: a
-        deploy, a spot notice): it does when more than DIFFQ_SHUTDOWN_FINISH seconds of
-        steps are left at this run's pace; closer to its end, it finishes."""
+        deploy, a spot notice) or because it was asked to yield (its model paused `now`):
+        it does when more than DIFFQ_SHUTDOWN_FINISH seconds of steps are left at this
+        run's pace; closer to its end, it finishes."""
         if self._first_step is None:
             self._first_step = step
             self._started = self._clock()
-        if not self._rt.draining.is_set() or step >= total:
+        if not self._rt.leaving(self._job_id) or step >= total:
             return False
         pace = (self._clock() - self._started) / max(1, step - self._first_step)
         return pace * (total - step) > self._rt.settings.shutdown_finish
@@ -172,7 +173,7 @@ class JobCheckpoints:
         return self.interval > 0 and self._clock() - self._last >= self.interval
 
     def save(self, state: DenoiseState, *, leaving: bool) -> None:
-        if leaving and not self._rt.hand_back_requested.is_set():
+        if leaving and not self._rt.handing_back(self._job_id):
             return  # canceled, or taken over by another run: nothing resumes from here
         self._last = self._clock()
         state.meta = {**self.meta, "history": list(self.history)}

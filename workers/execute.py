@@ -6,11 +6,12 @@ message is the caller's (tasks/generate.py): this module returns an `Outcome`.""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from app.db.models import Job
-from app.jobs import transitions
+from app.jobs import pauses, transitions
 from app.jobs.payload import InvalidPayload, parse_payload
 from app.jobs.states import ErrorCode
 from app.logs import job_context
@@ -19,6 +20,7 @@ from workers.batch import execute_batch
 from workers.claim import claim_for_message, give_up
 from workers.gather import PermitSource
 from workers.outcome import Outcome, Verdict
+from workers.pausing import hold_seconds
 from workers.pipelines import ModelLoadError
 
 if TYPE_CHECKING:
@@ -51,6 +53,14 @@ def execute_job(
         log.error("dead-lettering a broken message: %s", exc)
         return Outcome(Verdict.DEAD_LETTER, f"invalid message: {exc}")
 
+    with rt.db.session() as session:
+        paused = pauses.job_paused(session, payload.job_id)
+    if paused:
+        # Its workers stop consuming the queue within DIFFQ_PAUSE_POLL (workers/
+        # pausing.py): held that long, the message goes back to wait, claiming nothing.
+        time.sleep(hold_seconds(rt.settings))
+        log.info("job %s not run: its model is paused", payload.job_id)
+        return Outcome(Verdict.REQUEUE, "model paused: back to the queue")
     with rt.db.session() as session:
         claim = claim_for_message(
             rt, session, payload.job_id, redelivered=redelivered, requeues=payload.requeues

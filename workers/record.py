@@ -128,15 +128,14 @@ def succeed(
 
 
 def stopped(rt: WorkerRuntime, job: Job, step: int) -> Outcome:
-    """The run stopped at a step: handed back for a shutdown, or no longer ours."""
+    """The run stopped at a step: handed back (a shutdown, a yield), or no longer ours."""
     extra = {"job_id": str(job.id)}
-    if rt.hand_back_requested.is_set():
+    if rt.handing_back(job.id):
+        why = "worker shutting down" if rt.hand_back_requested.is_set() else "asked to yield"
         handed = record(rt, lambda s: transitions.hand_back(s, job.id, owner=rt.owner))
         if handed:
-            log.warning(
-                "job %s handed back at step %s: worker shutting down", job.id, step, extra=extra
-            )
-            return Outcome(Verdict.REQUEUE, "handed back: worker shutting down")
+            log.warning("job %s handed back at step %s: %s", job.id, step, why, extra=extra)
+            return Outcome(Verdict.REQUEUE, f"handed back: {why}")
     # Canceled, taken over by a redelivery, or reaped: the row already says which.
     log.info("job %s stopped at step %s: no longer held (canceled?)", job.id, step, extra=extra)
     return Outcome(Verdict.DISCARD, "stopped: job no longer held")
@@ -158,17 +157,21 @@ def job_writes(
     rt: WorkerRuntime, job_id: uuid.UUID
 ) -> tuple[Callable[[dict[str, Any]], bool], Callable[[], bool]]:
     """The progress write and the lease renewal of a job this worker holds; each answers
-    False once the job is no longer held (canceled, taken over, reaped)."""
+    False once the job is no longer held (canceled, taken over, reaped). A progress write
+    also hears a request to yield (app/jobs/pauses.py)."""
 
     def write(progress: dict[str, Any]) -> bool:
         with rt.db.session() as session:
-            return transitions.record_progress(
+            written = transitions.record_progress(
                 session,
                 job_id,
                 owner=rt.owner,
                 progress=progress,
                 lease_seconds=rt.settings.lease_seconds,
             )
+        if written.yield_reason is not None:  # heard here where no NOTIFY told it first
+            rt.yield_job(job_id)
+        return written.held
 
     def renew() -> bool:
         with rt.db.session() as session:

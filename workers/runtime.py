@@ -16,6 +16,7 @@ from app.jobs.cache import record_model_digest
 from app.jobs.fairness import Warmth
 from app.jobs.listener import Listener
 from app.jobs.notify import CANCEL_CHANNEL
+from app.jobs.transitions import YIELD_PREFIX
 from app.services import Services
 from workers.adapters import AdapterMemory
 from workers.devices import configure_cpu_threads, select_device
@@ -59,6 +60,9 @@ class WorkerRuntime(Services):
         # The jobs running now (one, or a batch's), each with its stop flag: raised by a
         # cancel notification, a lost lease, or a shutdown that outlasts its grace.
         self._running: dict[uuid.UUID, threading.Event] = {}
+        # Running jobs asked to checkpoint and go back to the queue at their next step
+        # (their model paused `now`: app/jobs/pauses.py), as a shutdown's drain does.
+        self._yielding: set[uuid.UUID] = set()
         # LoRA adapters held in CPU memory (workers/adapters.py); each model's pipeline
         # keeps its own loaded ones.
         self.adapter_memory = AdapterMemory(settings.adapter_cache_bytes)
@@ -108,6 +112,7 @@ class WorkerRuntime(Services):
 
     def release(self, job_id: uuid.UUID) -> None:
         self._running.pop(job_id, None)
+        self._yielding.discard(job_id)
 
     @property
     def running(self) -> list[uuid.UUID]:
@@ -117,6 +122,23 @@ class WorkerRuntime(Services):
         for job_id, stop in list(self._running.items()):
             if payload == str(job_id):
                 stop.set()
+            elif payload == f"{YIELD_PREFIX}{job_id}":
+                self.yield_job(job_id)
+
+    def yield_job(self, job_id: uuid.UUID) -> None:
+        """Ask a running job to checkpoint and go back to the queue at its next step."""
+        if job_id in self._running:
+            self._yielding.add(job_id)
+
+    def leaving(self, job_id: uuid.UUID) -> bool:
+        """Whether the job should leave at its next step if it checkpoints and would not
+        finish soon: a shutdown began, or the job was asked to yield."""
+        return self.draining.is_set() or job_id in self._yielding
+
+    def handing_back(self, job_id: uuid.UUID) -> bool:
+        """Whether a stop of this job returns it to the queue (rather than dropping it:
+        canceled or taken over)."""
+        return self.hand_back_requested.is_set() or job_id in self._yielding
 
     def request_drain(self) -> None:
         """A shutdown began: start no further job; hand back the checkpointed ones that

@@ -117,7 +117,7 @@ def start(controller, services, queues: list[str]) -> threading.Thread | None:
         return None
     from celery.worker import state
 
-    from app.jobs import service
+    from app.jobs import pauses, service
     from workers import heartbeat
 
     accepted = [state.all_total_count[0]]
@@ -130,7 +130,10 @@ def start(controller, services, queues: list[str]) -> threading.Thread | None:
 
     def waiting(seconds: float) -> list[uuid.UUID]:
         with services.db.session() as session:
-            return service.stranded_job_ids(session, queues, seconds)
+            # A paused model's queue is not consumed on purpose (workers/pausing.py).
+            held = pauses.paused_queues(services.catalog, pauses.paused(session))
+            active = [queue for queue in queues if queue not in held]
+            return service.stranded_job_ids(session, active, seconds) if active else []
 
     def connection():
         return getattr(getattr(controller, "consumer", None), "connection", None)

@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
+    Boolean,
     Date,
     Enum,
     Float,
@@ -21,6 +22,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     Uuid,
+    false,
     text,
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
@@ -88,6 +90,8 @@ class ApiKey(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # An operator's key may also pause and resume models (`PUT /v1/models/{model}/pause`).
+    operator: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     tenant: Mapped[Tenant] = relationship(back_populates="keys")
 
@@ -268,6 +272,13 @@ class Job(Base):
     # The step of the job's last stored checkpoint (workers/checkpoints.py), or None: a
     # worker that claims it resumes from there; removed with the checkpoint at its end.
     checkpoint_step: Mapped[int | None] = mapped_column(Integer)
+    # Why the job's run should checkpoint and go back to the queue at its next step
+    # ("paused": its model was paused with `now`; "preempted": an urgent job waits), or
+    # None; cleared when it goes back or is claimed again (read with each progress write).
+    yield_reason: Mapped[str | None] = mapped_column(String(20))
+    # Times the job yielded to an urgent one (app/housekeeping/preemption.py); at most
+    # DIFFQ_MAX_PREEMPTIONS, after which it runs to its end.
+    preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
 
     @property
     def request(self) -> JobRequest:
@@ -275,6 +286,20 @@ class Job(Base):
         from app.kinds import request_from_stored
 
         return request_from_stored(self.input or {})
+
+
+class ModelPause(Base):
+    """A model an operator paused (app/jobs/pauses.py): its workers stop taking its jobs
+    until it is resumed; its queued jobs wait."""
+
+    __tablename__ = "model_pauses"
+
+    model: Mapped[str] = mapped_column(String(100), primary_key=True)
+    paused_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Its running jobs were asked to checkpoint and go back to the queue (`--now`).
+    now: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    reason: Mapped[str | None] = mapped_column(String(200))
+    paused_by: Mapped[str | None] = mapped_column(String(100))
 
 
 class ModelDigest(Base):

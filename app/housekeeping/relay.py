@@ -5,6 +5,7 @@ step of the same pass)."""
 from __future__ import annotations
 
 from app.broker.publish import Publisher
+from app.catalog import Catalog
 from app.config import Settings
 from app.db.session import Database
 from app.housekeeping.admission import forget_windows, release_held
@@ -13,6 +14,7 @@ from app.housekeeping.batches import batches_pass
 from app.housekeeping.deadlines import cancel_expired
 from app.housekeeping.leases import reap_lost_jobs
 from app.housekeeping.outbox import dispatch_webhooks, publish_unpublished
+from app.housekeeping.preemption import preempt_for_urgent
 from app.housekeeping.purge import purge_finished_jobs
 from app.housekeeping.retention import (
     remove_expired_results,
@@ -24,7 +26,11 @@ from app.storage import Storage
 
 
 def relay_pass(
-    db: Database, publisher: Publisher, settings: Settings, storage: Storage | None = None
+    db: Database,
+    publisher: Publisher,
+    settings: Settings,
+    storage: Storage | None = None,
+    catalog: Catalog | None = None,
 ) -> None:
     reap_lost_jobs(db, max_attempts=settings.max_attempts)
     release_held(db, publisher, cap=settings.max_running)
@@ -37,6 +43,14 @@ def relay_pass(
     publish_unpublished(db, publisher, older_than_seconds=settings.relay_after)
     cancel_expired(db)
     promote_starving(db, publisher, aging_seconds=settings.priority_aging)
+    if catalog is not None:
+        preempt_for_urgent(
+            db,
+            catalog,
+            after_seconds=settings.preempt_after,
+            min_left_seconds=settings.preempt_min_left,
+            max_preemptions=settings.max_preemptions,
+        )
     # Before dispatch: their webhooks.
     batches_pass(db, job_retention=settings.job_retention, discard=publisher.broker.discard)
     # A delivery worker that vanished holds its event for twice its timeout and a margin.
@@ -47,4 +61,4 @@ class Relay(Services):
     """The relay's root: app/services.py's (database, publisher, store), one pass at a time."""
 
     def run_pass(self) -> None:
-        relay_pass(self.db, self.publisher, self.settings, self.storage)
+        relay_pass(self.db, self.publisher, self.settings, self.storage, self.catalog)

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Job
 from app.db.types import utcnow
-from app.jobs import fairness
+from app.jobs import fairness, pauses
 from app.jobs.states import JobStatus
 from app.kinds import request_from_stored
 from app.kinds.base import REFERENCE_PIXELS
@@ -53,7 +53,8 @@ def mean_size(session: Session, *where: Any) -> float:
 class QueueInfo:
     # Jobs that will be delivered before this one; 0 means next (None: it is running).
     position: int | None
-    eta_seconds: float | None  # None until the model has finished a job
+    eta_seconds: float | None  # None until the model has finished a job, or while paused
+    paused: bool | None = None  # queued on a paused model (None: not asked, not queued)
 
 
 @dataclass(frozen=True)
@@ -129,9 +130,11 @@ def queue_info(session: Session, job: Job, fair_window: float | None = None) -> 
         position, units_ahead = fairness.position(session, job, utcnow(), fair_window)
     else:
         position, units_ahead = _fifo_position(session, job)
+    if pauses.is_paused(session, job.model):  # no start can be promised
+        return QueueInfo(position, None, paused=True)
     cost = cost_model(session, job.model)
     if cost is None:
-        return QueueInfo(position, None)
+        return QueueInfo(position, None, paused=False)
     running = session.execute(
         select(Job.started_at, Job.input, Job.progress).where(
             Job.queue == job.queue, Job.status == JobStatus.RUNNING
@@ -149,7 +152,7 @@ def queue_info(session: Session, job: Job, fair_window: float | None = None) -> 
     waiting = position * cost.fixed + units_ahead * each * cost.per_unit
     # Jobs running now are the best count of workers on this queue (at least one).
     workers = max(1, len(running))
-    return QueueInfo(position, round((waiting + remaining) / workers, 1))
+    return QueueInfo(position, round((waiting + remaining) / workers, 1), paused=False)
 
 
 def _fifo_position(session: Session, job: Job) -> tuple[int, int]:

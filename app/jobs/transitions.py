@@ -23,6 +23,9 @@ from app.jobs.notify import CANCEL_CHANNEL, JOB_CHANNEL, job_changed_payload, no
 from app.jobs.results import RESULT_FILES
 from app.jobs.states import ErrorCode, JobStatus
 
+# A cancel-channel payload asking a run to yield (`request_yield`), not to stop.
+YIELD_PREFIX = "yield:"
+
 
 def relaxed_commit(session: Session) -> None:
     """This transaction's commit returns before its WAL reaches disk (PostgreSQL only):
@@ -42,15 +45,21 @@ def change(session: Session, job_id: uuid.UUID, *conditions: ColumnElement, **va
     """UPDATE the job if `conditions` hold; bump its version, notify, and tell the change
     listeners in this transaction (their writes commit with the change or not at all).
     True if it changed."""
+    return _change(session, job_id, *conditions, **values) is not None
+
+
+def _change(session: Session, job_id: uuid.UUID, *conditions: ColumnElement, **values):
+    """`change`, returning the changed row's (queue, webhook_url, webhook_events,
+    yield_reason) or None."""
     row = session.execute(
         update(Job)
         .where(Job.id == job_id, *conditions)
         .values(version=Job.version + 1, updated_at=clock.now(session), **values)
-        .returning(Job.queue, Job.webhook_url, Job.webhook_events)
+        .returning(Job.queue, Job.webhook_url, Job.webhook_events, Job.yield_reason)
     ).first()
     if row is None:
-        return False
-    queue, webhook_url, webhook_events = row
+        return None
+    queue, webhook_url, webhook_events, _ = row
     moved = "status" in values or "publish_priority" in values
     notify(session, JOB_CHANNEL, job_changed_payload(job_id, queue, moved))
     status = values.get("status")
@@ -64,7 +73,7 @@ def change(session: Session, job_id: uuid.UUID, *conditions: ColumnElement, **va
             webhook_events=webhook_events,
         ),
     )
-    return True
+    return row
 
 
 class ClaimKind(StrEnum):
@@ -123,6 +132,7 @@ def claim_job(
         lease_expires_at=clock.after(session, lease_seconds),
         progress=progress_of("loading", 0, job.request.denoise_steps),
         permit_id=permit_id,
+        yield_reason=None,
     )
     if not claimed:
         return Claim(ClaimKind.BUSY, job)
@@ -144,15 +154,15 @@ def record_progress(
     owner: str,
     progress: dict[str, Any],
     lease_seconds: float,
-) -> bool:
-    """Write progress and renew the lease; False if this owner no longer holds the job
-    (it was canceled, or another delivery took it over).
+) -> Progressed:
+    """Write progress and renew the lease; false if this owner no longer holds the job
+    (it was canceled, or another delivery took it over), with the yield asked of it.
 
     Progress is not worth a WAL flush: a crash that loses the last write loses nothing the
     next write does not restore, so the commit does not wait for the disk.
     """
     relaxed_commit(session)
-    return change(
+    row = _change(
         session,
         job_id,
         Job.status == JobStatus.RUNNING,
@@ -160,6 +170,39 @@ def record_progress(
         progress=progress,
         lease_expires_at=clock.after(session, lease_seconds),
     )
+    return Progressed(held=row is not None, yield_reason=row[3] if row is not None else None)
+
+
+@dataclass(frozen=True)
+class Progressed:
+    """A progress write's answer: whether the writer still holds the job (its truth value)
+    and why it should go back to the queue now, if it was asked to (`request_yield`)."""
+
+    held: bool
+    yield_reason: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.held
+
+
+def request_yield(
+    session: Session, *conditions: ColumnElement, reason: str, **values
+) -> list[uuid.UUID]:
+    """Ask the runs of the running jobs matching `conditions` to checkpoint and go back to
+    the queue at their next step (a run that checkpoints; the others finish), writing
+    `values` with the request. Their workers hear it at once (PostgreSQL NOTIFY) or with
+    their next progress write."""
+    ids = list(
+        session.scalars(
+            update(Job)
+            .where(Job.status == JobStatus.RUNNING, *conditions)
+            .values(yield_reason=reason, **values)
+            .returning(Job.id)
+        )
+    )
+    for job_id in ids:
+        notify(session, CANCEL_CHANNEL, f"{YIELD_PREFIX}{job_id}")
+    return ids
 
 
 def record_checkpoint(session: Session, job_id: uuid.UUID, *, owner: str, step: int) -> bool:
@@ -316,8 +359,8 @@ def renew_lease(session: Session, job_id: uuid.UUID, *, owner: str, lease_second
 
 
 def hand_back(session: Session, job_id: uuid.UUID, *, owner: str) -> bool:
-    """A worker shutting down returns its unfinished job to the queue without spending an
-    attempt: a deploy is not the job's fault."""
+    """A worker shutting down, or a run asked to yield (`request_yield`), returns its
+    unfinished job to the queue without spending an attempt: neither is the job's fault."""
     return change(
         session,
         job_id,
@@ -328,6 +371,7 @@ def hand_back(session: Session, job_id: uuid.UUID, *, owner: str) -> bool:
         lease_owner=None,
         lease_expires_at=None,
         progress=progress_of("queued"),
+        yield_reason=None,
     )
 
 

@@ -88,6 +88,7 @@ def job_view(
         "progress": job.progress,
         "queue_position": queue.position if queue else None,
         "eta_seconds": queue.eta_seconds if queue else None,
+        "paused": queue.paused if queue else None,
         "priority": job.priority.value,
         "attempts": job.attempts,
         "result": result,
@@ -159,6 +160,7 @@ def _fresh_job_json(view: dict[str, Any]) -> dict[str, Any]:
         },
         "queue_position": None if view["queue_position"] is None else int(view["queue_position"]),
         "eta_seconds": None if view["eta_seconds"] is None else float(view["eta_seconds"]),
+        "paused": None if view["paused"] is None else bool(view["paused"]),
         "attempts": int(view["attempts"]),
         "metrics": {"queue_seconds": None, "run_seconds": None},
         "created_at": view["created_at"].isoformat(),
@@ -383,7 +385,16 @@ class JobSchema(ma.Schema):
             "model's recent run times (by steps, images and pixels) and the jobs ahead; null "
             "until the model has run, and in a submit's 202. While running (GET): the seconds "
             "its denoising has left at its own pace so far (a long clip's time left); null "
-            "before its first step."
+            "before its first step. Null while its model is paused: no start can be promised."
+        },
+    )
+    paused = fields.Boolean(
+        allow_none=True,
+        metadata={
+            "description": "While queued: whether an operator paused its model. It waits in "
+            "its place (its position holds; its ETA is null) and starts once the model is "
+            "resumed. Null in a submit's 202 and while not queued.",
+            "example": False,
         },
     )
     priority = fields.String(metadata={"description": "low, normal or high."})

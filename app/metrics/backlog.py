@@ -6,7 +6,8 @@ unit the ETA model is fitted in (one step of one 512 x 512 image): its work unit
 x images) at the mean size of the jobs counted (read from up to 200 of their inputs).
 Jobs that will never reach a GPU are left out: canceled ones (no longer queued), ones
 past their `cancel_after` deadline (the relay cancels them on its next pass) and ones
-held back by their tenant's cap on running jobs (more GPUs would not start them). A
+held back by their tenant's cap on running jobs, and those of a paused model
+(app/jobs/pauses.py): more GPUs would not start them. A
 model that has not finished a job yet is charged FALLBACK_UNIT_SECONDS per unit, so a
 fresh pool scales up from zero; its first success replaces the guess.
 """
@@ -22,6 +23,7 @@ from sqlalchemy import func, or_, select
 from app.db.models import Job
 from app.db.session import Database
 from app.db.types import utcnow
+from app.jobs import pauses
 from app.jobs.queue_info import CostModel, cost_model, mean_size
 from app.jobs.states import JobStatus
 
@@ -37,6 +39,9 @@ def backlog_seconds(db: Database) -> dict[str, float]:
         or_(Job.deadline_at.is_(None), Job.deadline_at > utcnow()),
     )
     with db.session() as session:
+        paused = list(pauses.paused(session))
+        if paused:
+            counted = (*counted, Job.model.not_in(paused))
         rows = session.execute(
             select(Job.queue, Job.model, func.count(), func.coalesce(func.sum(Job.work_units), 0))
             .where(*counted)
@@ -56,7 +61,8 @@ def backlog_gauge(db: Database, queues: Iterable[str]) -> GaugeMetricFamily:
     gauge = GaugeMetricFamily(
         "diffq_queue_backlog_gpu_seconds",
         "Estimated GPU-seconds of queued work by queue (model pool): queued jobs x the ETA "
-        "model's per-job estimate, excluding canceled, expired and cap-held jobs",
+        "model's per-job estimate, excluding canceled, expired and cap-held jobs and those "
+        "of a paused model",
         labels=["queue"],
     )
     seconds = backlog_seconds(db)

@@ -17,12 +17,16 @@ from app.broker.topology import dead_letter_queue_name
 from app.db.models import DailyUsage, Job, Tenant
 from app.db.session import Database
 from app.db.types import utcnow
+from app.jobs import pauses
 from app.jobs.states import JobStatus
 
 log = logging.getLogger(__name__)
 
 
-def job_gauges(db: Database, queues: Iterable[str]) -> list[GaugeMetricFamily]:
+def job_gauges(db: Database, queues: Iterable[str], catalog=None) -> list[GaugeMetricFamily]:
+    """Depth, oldest age and running jobs by queue; with the `catalog`, also whether each
+    queue is paused (every model of it: app/jobs/pauses.py), which the alerts on waiting
+    jobs leave out."""
     depth = GaugeMetricFamily(
         "diffq_queue_depth", "Jobs queued and not yet started, by queue", labels=["queue"]
     )
@@ -43,6 +47,7 @@ def job_gauges(db: Database, queues: Iterable[str]) -> list[GaugeMetricFamily]:
         )
         for queue, status, count, first in rows:
             seen[(queue, status)] = (count, first)
+        held = pauses.paused_queues(catalog, pauses.paused(session)) if catalog else None
     now = utcnow()
     for queue in sorted(set(queues) | {q for q, _ in seen}):
         count, first = seen.get((queue, JobStatus.QUEUED), (0, None))
@@ -50,7 +55,17 @@ def job_gauges(db: Database, queues: Iterable[str]) -> list[GaugeMetricFamily]:
         age = (now - _aware(first)).total_seconds() if first is not None else 0.0
         oldest.add_metric([queue], max(0.0, age))
         running.add_metric([queue], seen.get((queue, JobStatus.RUNNING), (0, None))[0])
-    return [depth, oldest, running]
+    if held is None:
+        return [depth, oldest, running]
+    paused = GaugeMetricFamily(
+        "diffq_queue_paused",
+        "1 while every model of the queue is paused by an operator (its jobs wait on "
+        "purpose), else 0",
+        labels=["queue"],
+    )
+    for queue in sorted(set(queues)):
+        paused.add_metric([queue], 1 if queue in held else 0)
+    return [depth, oldest, running, paused]
 
 
 OTHER_TENANTS = "other"
@@ -165,8 +180,10 @@ class ServiceCollector:
         top_tenants: int = 10,
         cache_ttl: float = 0.0,
         clock=time.monotonic,
+        catalog=None,
     ) -> None:
         self.db, self.queues, self.broker = db, queues, broker
+        self.catalog = catalog  # for the paused queues
         self.top_tenants = top_tenants
         # The database aggregates of a scrape, reused for `cache_ttl` seconds: scrapes
         # from several Prometheus replicas (or anyone who reaches the port) cost one.
@@ -183,7 +200,7 @@ class ServiceCollector:
                 return self._cached[1]
             families: list = []
             try:
-                families.extend(job_gauges(self.db, self.queues))
+                families.extend(job_gauges(self.db, self.queues, self.catalog))
                 families.append(backlog_gauge(self.db, self.queues))
                 families.extend(tenant_usage(self.db, self.top_tenants))
             except Exception as exc:  # noqa: BLE001

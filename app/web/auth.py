@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import NoReturn
 
 from flask import g, request
 from flask_smorest import abort
+from sqlalchemy import select
 
+from app.db.models import ApiKey
 from app.keys import admit
 from app.web.services import request_session, services
 
@@ -69,6 +72,32 @@ def require_api_key() -> None:
             headers={"Retry-After": str(admitted.verdict.retry_after)},
         )
     g.tenant_id, g.tenant_quota = admitted.key.tenant_id, admitted.key.daily_gpu_seconds
+    g.key_id = admitted.key.key_id
+
+
+def operator_only(view):
+    """A view only an operator's key may call: refused (403) before its body is read."""
+
+    @functools.wraps(view)
+    def checked(*args, **kwargs):
+        require_operator()
+        return view(*args, **kwargs)
+
+    return checked
+
+
+def require_operator() -> None:
+    """403 unless the request's key is an operator's (`diffq keys create --operator`):
+    what an operator may do (pause a model) reaches every tenant's jobs. One read, on
+    operators' routes only."""
+    found = request_session().scalar(select(ApiKey.operator).where(ApiKey.key_id == g.key_id))
+    if not found:
+        abort(
+            403,
+            message="This needs an operator's API key (diffq keys create --operator); "
+            "a tenant's key may not pause or resume models.",
+            errors={"headers": {"Authorization": ["Not an operator's key."]}},
+        )
 
 
 def current_tenant() -> uuid.UUID:

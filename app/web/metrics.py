@@ -35,6 +35,7 @@ def install(app: Flask, svc: ApiRoot) -> None:
         broker,
         top_tenants=svc.settings.metrics_top_tenants,
         cache_ttl=svc.settings.metrics_cache_ttl,
+        catalog=svc.catalog,
     )
 
     @app.before_request

@@ -33,7 +33,7 @@ def start(sender, queues: list[str]) -> None:
     queues, import (never initialise CUDA) before forking, then hook the pool children."""
     global _controller
     from workers import metrics as worker_metrics
-    from workers import stranded
+    from workers import pausing, stranded
     from workers.pipelines import ModelLoadError, check_model_dir, preimport_components
     from workers.runtime import served_models
 
@@ -68,6 +68,7 @@ def start(sender, queues: list[str]) -> None:
     worker_metrics.serve(services().settings)
     declare(sender, queues)
     stranded.start(sender, services(), queues)  # deliveries the broker strands
+    pausing.start(sender, services(), queues)  # queues of paused models not consumed
     log.info("worker serves models %s from queues %s", names, queues)
 
 

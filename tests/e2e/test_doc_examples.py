@@ -99,6 +99,9 @@ NOT_RUN = {
     "RabbitMQ, S3 and GPUs; tests/e2e/test_deployment.py starts every role from its command",
     ("README.md", "diffq queues "): "a synopsis (optional arguments in brackets, ID "
     "placeholders, destructive commands); tests/e2e/test_operations.py runs each command",
+    ("README.md", "diffq queue pause "): "a synopsis (the model `sdxl` and `$OPS_KEY` are "
+    "the reader's, `--now` in brackets); tests/e2e/test_pause.py pauses and resumes through "
+    "the API with an operator's key and runs `diffq queue list`, in both modes",
     ("README.md", "app/ "): "a map of the folders, not code",
     ("docs/clients.md", "# curl"): "the same requests as the README's quick starts, which run "
     "(a job, its events, a JSON Lines batch); `$(uuidgen)`, `$ID` and `prompts.jsonl` are "

@@ -141,14 +141,30 @@ class Scenario:
     def row(self, job_id: str):
         return self.rows([job_id]).get(job_id)
 
-    def settle(self, timeout: float = 120.0) -> dict[str, object]:
-        """Wait until every accepted job is terminal (or the time is up)."""
-        deadline = time.monotonic() + timeout
+    def settle(self, timeout: float = 120.0, most: float = 4.0) -> dict[str, object]:
+        """Wait until every accepted job is terminal. `timeout` bounds a stall, not the
+        wait: it goes on while any job moves (its status, stage or step changes; a running
+        job writes its step every DIFFQ_PROGRESS_INTERVAL), up to `most` x `timeout` in
+        all. A machine under load slows a scenario without failing it; a job that is stuck
+        (lost, or never delivered) still ends the wait `timeout` after the last move."""
+        started = last_move = time.monotonic()
+        seen = None
         while True:
             rows = self.rows()
             if all(row.status.value in TERMINAL for row in rows.values()):
                 return rows
-            if time.monotonic() > deadline:
+            state = {
+                job_id: (
+                    row.status,
+                    (row.progress or {}).get("stage"),
+                    (row.progress or {}).get("step"),
+                )
+                for job_id, row in rows.items()
+            }
+            now = time.monotonic()
+            if state != seen:
+                seen, last_move = state, now
+            if now - last_move > timeout or now - started > most * timeout:
                 return rows
             time.sleep(0.25)
 

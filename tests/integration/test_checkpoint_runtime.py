@@ -6,7 +6,8 @@ resumes at that step (the denoiser runs only the steps left, plus one), its mani
 so, its images are the uninterrupted run's bytes, and its checkpoint is gone. Every bad
 checkpoint (missing, truncated, another model's, another version's, a layout it does not
 know) starts the job afresh with the reason in its manifest, never losing it. A
-checkpoint left by a job that ended elsewhere is removed by the relay's retention."""
+checkpoint left by a job that ended elsewhere is removed by the relay's retention. A job
+whose model is paused `now` goes back the same way and resumes once it is resumed."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from app.jobs.states import JobStatus, Priority
 from app.keys import get_or_create_tenant
 from app.kinds import request_from_stored
 from app.storage import StorageError, checkpoint_key
+from testbed.waiting import wait_until
 from workers import denoise_state, execute
 
 pytestmark = pytest.mark.services
@@ -341,3 +343,179 @@ def test_an_upload_that_ends_after_its_job_did_removes_what_it_wrote(runtime, db
     with pytest.raises(StorageError):
         runtime.storage.get(key)  # removed
     assert checkpoints.stored_step is None and _row(db, job_id).checkpoint_step is None
+
+
+def _set_paused(runtime, *, now: bool | None) -> None:
+    """Pause model `tiny` (`now`: its running jobs yield), or resume it (None)."""
+    from app.jobs import pauses
+
+    with runtime.db.session() as session:
+        if now is None:
+            pauses.resume(session, runtime.catalog, ["tiny"])
+        else:
+            pauses.pause(session, runtime.catalog, ["tiny"], now=now, reason="a test")
+
+
+def _queue_info(db, job_id):
+    from app.jobs.queue_info import queue_info
+
+    with db.session() as session:
+        return queue_info(session, session.get(Job, job_id))
+
+
+def test_a_model_paused_now_sends_its_job_back_with_a_checkpoint_to_resume_from(
+    runtime, db, monkeypatch, reference
+):
+    """Paused `now` at step 5: the run hears it (NOTIFY, or its next progress write on
+    SQLite), stores its state and goes back to the queue without spending an attempt.
+    While paused, a delivery of it goes back unclaimed, and it waits in its place with no
+    ETA. Resumed, it runs the steps left and gives the uninterrupted run's bytes."""
+    expected = reference(seed=80)
+    unet = runtime.models["tiny"].pipeline.unet
+    job_id, payload = _new_job(db, seed=80)
+
+    def pause_now(n: int) -> None:
+        if n == 5:
+            _set_paused(runtime, now=True)
+            wait_until(lambda: runtime.leaving(job_id), timeout=30, what="the run hears it")
+
+    DenoiserCalls(monkeypatch, unet, at_call=pause_now)
+    try:
+        outcome = _finish(runtime, payload)
+        handed = _row(db, job_id)
+        print(f"paused now: {outcome.verdict} ({outcome.reason}); at {handed.checkpoint_step}")
+        assert outcome.verdict == execute.Verdict.REQUEUE
+        assert handed.status == JobStatus.QUEUED and handed.checkpoint_step == 5
+        assert handed.attempts == 0 and handed.yield_reason is None
+        monkeypatch.undo()
+
+        again = _finish(runtime, payload, redelivered=True)
+        waiting = _row(db, job_id)
+        paused_info = _queue_info(db, job_id)
+        print(f"delivered while paused: {again.reason}; queue {paused_info}")
+        assert again.verdict == execute.Verdict.REQUEUE and "paused" in again.reason
+        assert waiting.status == JobStatus.QUEUED and waiting.attempts == 0
+        assert paused_info.paused is True and paused_info.eta_seconds is None
+    finally:
+        _set_paused(runtime, now=None)
+    resumed_info = _queue_info(db, job_id)
+    assert resumed_info.paused is False and resumed_info.position == paused_info.position
+
+    calls = DenoiserCalls(monkeypatch, unet)
+    _finish(runtime, payload, redelivered=True)
+    done = _row(db, job_id)
+    assert done.status == JobStatus.SUCCEEDED and done.attempts == 1
+    assert [r["from_step"] for r in done.manifest["resumes"]] == [5]
+    assert calls.count == STEPS - 5 + 1
+    assert _image(runtime, done) == expected
+    assert done.checkpoint_step is None
+
+
+def test_a_model_paused_without_now_lets_its_running_job_finish(runtime, db, monkeypatch):
+    unet = runtime.models["tiny"].pipeline.unet
+    job_id, payload = _new_job(db, seed=90)
+    DenoiserCalls(monkeypatch, unet, at_call=lambda n: n == 5 and _set_paused(runtime, now=False))
+    try:
+        outcome = _finish(runtime, payload)
+    finally:
+        _set_paused(runtime, now=None)
+    done = _row(db, job_id)
+    print(f"paused, not now: {outcome.verdict}; {done.status}")
+    assert done.status == JobStatus.SUCCEEDED and "resumes" not in done.manifest
+    assert not runtime.leaving(job_id)
+
+
+def _urgent_job(db, seed: int, waited: float = 60.0):
+    """A `high` job that has waited `waited` seconds for a worker."""
+    from datetime import timedelta
+
+    from app.db.types import utcnow
+
+    job_id, payload = _new_job(db, seed)
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        job.priority = Priority.HIGH
+        job.created_at = utcnow() - timedelta(seconds=waited)
+    return job_id, payload
+
+
+def _preempt(runtime, **rule) -> int:
+    from app.housekeeping.preemption import preempt_for_urgent
+
+    rule = {"after_seconds": 5.0, "min_left_seconds": 0.0, "max_preemptions": 2, **rule}
+    return preempt_for_urgent(runtime.db, runtime.catalog, **rule)
+
+
+def _denoising(db, job_id) -> bool:
+    progress = _row(db, job_id).progress or {}
+    return progress.get("stage") == "denoising" and progress.get("step", 0) >= 1
+
+
+def test_an_urgent_job_waiting_makes_a_long_job_yield_and_the_long_one_resumes(
+    runtime, db, monkeypatch, reference
+):
+    """The relay's preemption pass: a `high` job waiting with no free worker makes the
+    running `normal` job checkpoint and go back (one preemption counted, no attempt
+    spent); the urgent job runs; the long one resumes from its step with the
+    uninterrupted run's bytes. A job at its preemption cap, or `high` itself, is left to
+    run, and a job waiting less than DIFFQ_PREEMPT_AFTER makes nothing yield."""
+    expected = reference(seed=100)
+    unet = runtime.models["tiny"].pipeline.unet
+    job_id, payload = _new_job(db, seed=100)
+    urgent_id, urgent_payload = _urgent_job(db, seed=101)
+    asked: list[int] = []
+
+    def preempt(n: int) -> None:
+        if n == 5:
+            wait_until(lambda: _denoising(db, job_id), timeout=30, what="its progress")
+            asked.append(_preempt(runtime, after_seconds=3600.0))  # waited too little
+            asked.append(_preempt(runtime))
+            wait_until(lambda: runtime.leaving(job_id), timeout=30, what="the run hears it")
+
+    DenoiserCalls(monkeypatch, unet, at_call=preempt)
+    outcome = _finish(runtime, payload)
+    monkeypatch.undo()
+    handed = _row(db, job_id)
+    print(f"preempted: {outcome.reason}; asked {asked}; at step {handed.checkpoint_step}")
+    assert asked == [0, 1]
+    assert outcome.verdict == execute.Verdict.REQUEUE
+    assert handed.status == JobStatus.QUEUED and handed.checkpoint_step == 5
+    assert handed.preemptions == 1 and handed.attempts == 0
+
+    _finish(runtime, urgent_payload)
+    assert _row(db, urgent_id).status == JobStatus.SUCCEEDED
+    _finish(runtime, payload, redelivered=True)
+    done = _row(db, job_id)
+    assert done.status == JobStatus.SUCCEEDED
+    assert [r["from_step"] for r in done.manifest["resumes"]] == [5]
+    assert _image(runtime, done) == expected
+
+
+@pytest.mark.parametrize("spared", ["at its cap", "high itself"])
+def test_preemption_spares_a_job_at_its_cap_and_a_high_one(runtime, db, monkeypatch, spared):
+    unet = runtime.models["tiny"].pipeline.unet
+    seed = 110 + ["at its cap", "high itself"].index(spared)
+    job_id, payload = _new_job(db, seed)
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        if spared == "at its cap":
+            job.preemptions = 2
+        else:
+            job.priority = Priority.HIGH
+    urgent_id, _urgent_payload = _urgent_job(db, seed + 10)
+    asked: list[int] = []
+
+    def preempt(n: int) -> None:
+        if n == 5:
+            wait_until(lambda: _denoising(db, job_id), timeout=30, what="its progress")
+            asked.append(_preempt(runtime))
+
+    DenoiserCalls(monkeypatch, unet, at_call=preempt)
+    try:
+        _finish(runtime, payload)
+    finally:
+        with db.session() as session:  # the urgent job must not wait on this module's queue
+            session.get(Job, urgent_id).status = JobStatus.CANCELED
+    print(f"{spared}: asked {asked}")
+    assert asked == [0]
+    assert _row(db, job_id).status == JobStatus.SUCCEEDED

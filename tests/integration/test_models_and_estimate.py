@@ -114,7 +114,16 @@ def test_a_valid_estimate_answers_with_the_models_figures(client, tenant_key):
     assert response.status_code == 200, response.json
     body = response.json
     assert body["model"] == "tiny-b"
-    assert set(body) == {"model", "run_seconds", "queue_seconds", "queued", "running", "samples"}
+    assert set(body) == {
+        "model",
+        "run_seconds",
+        "queue_seconds",
+        "queued",
+        "running",
+        "samples",
+        "paused",
+    }
+    assert body["paused"] is False
 
 
 def test_work_grows_with_pixels_steps_and_images():

@@ -52,7 +52,7 @@ def _operations(app, ids: dict[str, str]) -> list[tuple[str, str]]:
     for rule in app.url_map.iter_rules():
         if not rule.rule.startswith("/v1/") or getattr(rule, "websocket", False):
             continue
-        path = rule.rule
+        path = rule.rule.replace("<string:name>", "tiny")
         for name, value in ids.items():
             path = path.replace(f"<uuid:{name}>", value)
         for method in sorted(rule.methods & {"POST", "PUT", "PATCH", "DELETE"}):

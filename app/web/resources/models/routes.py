@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+from flask import g
 from flask.views import MethodView
 from flask_smorest import abort
 
 from app.catalog import ModelSpec
+from app.jobs import pauses
 from app.jobs.estimate import estimate
 from app.kinds import KINDS
 from app.kinds.base import Lora
 from app.kinds.images import InputRef
 from app.rules import model_limit_errors
-from app.web.auth import require_api_key
+from app.web.auth import operator_only, require_api_key
 from app.web.bodies import Blueprint
 from app.web.resources.models.schemas import (
     LIMIT_FIELDS,
     EstimateQuerySchema,
     EstimateSchema,
     ModelListSchema,
+    PauseRequestSchema,
+    PauseSchema,
 )
 from app.web.services import request_session, services
 
@@ -27,7 +31,8 @@ blp = Blueprint(
 blp.before_request(require_api_key)
 
 
-def _view(spec: ModelSpec, default: str) -> dict:
+def _view(spec: ModelSpec, default: str, paused: dict[str, pauses.Pause]) -> dict:
+    pause = paused.get(spec.name)
     return {
         "name": spec.name,
         "default": spec.name == default,
@@ -54,6 +59,7 @@ def _view(spec: ModelSpec, default: str) -> dict:
         )
         if spec.lora_family
         else [],
+        "paused": pause.as_dict() if pause else None,
     }
 
 
@@ -64,8 +70,11 @@ class Models(MethodView):
     def get(self):
         """List the models and their limits"""
         catalog = services().catalog
+        paused = pauses.paused(request_session())
         return {
-            "data": [_view(spec, catalog.default_model) for spec in catalog.models.values()],
+            "data": [
+                _view(spec, catalog.default_model, paused) for spec in catalog.models.values()
+            ],
             "default_model": catalog.default_model,
         }
 
@@ -112,11 +121,71 @@ class ModelEstimate(MethodView):
         data["loras"] = tuple(Lora(str(i), 1.0) for i in range(count))
         request = kind.normalize(spec, data)
         found = estimate(request_session(), spec.name, spec.queue, request)
+        paused = pauses.is_paused(request_session(), spec.name)
         return {
             "model": spec.name,
             "run_seconds": found.run_seconds,
-            "queue_seconds": found.queue_seconds,
+            "queue_seconds": None if paused else found.queue_seconds,
+            "paused": paused,
             "queued": found.queued,
             "running": found.running,
             "samples": found.samples,
         }
+
+
+def _refused(exc: pauses.PauseRefused):
+    abort(404 if exc.unknown else 409, message=str(exc))
+
+
+@blp.route("/<string:name>/pause")
+class ModelPaused(MethodView):
+    @operator_only
+    @blp.arguments(PauseRequestSchema)
+    @blp.response(200, PauseSchema)
+    @blp.alt_response(401, description="No or bad API key.")
+    @blp.alt_response(403, description="Not an operator's key.")
+    @blp.alt_response(404, description="No such model.")
+    @blp.alt_response(409, description="Its queue also serves a model left running.")
+    def put(self, args, name: str):
+        """Pause a model (operators)
+
+        Its workers stop taking its jobs within a second; its queued jobs wait in their
+        places (their ETAs are null) and nothing is lost. Its running jobs finish, or, with
+        `now`, the ones that checkpoint go back to the queue at their next step and resume
+        from it once the model is resumed. Pausing a paused model updates its reason (and
+        `now`). Needs an operator's key. A model whose queue also serves another model is
+        paused together with it (`diffq queue pause A B`): 409 names them.
+        """
+        session = request_session()
+        try:
+            (found,) = pauses.pause(
+                session,
+                services().catalog,
+                [name],
+                now=args["now"],
+                reason=args.get("reason"),
+                by=f"key {g.key_id}",
+            )
+        except pauses.PauseRefused as exc:
+            _refused(exc)
+        session.commit()
+        return found.as_dict()
+
+    @operator_only
+    @blp.response(204)
+    @blp.alt_response(401, description="No or bad API key.")
+    @blp.alt_response(403, description="Not an operator's key.")
+    @blp.alt_response(404, description="No such model.")
+    @blp.alt_response(409, description="Its queue also serves a model still paused.")
+    def delete(self, name: str):
+        """Resume a paused model (operators)
+
+        Its workers take its jobs again within a second, in the order they would have
+        run. Resuming a model that is not paused does nothing. Needs an operator's key.
+        """
+        session = request_session()
+        try:
+            pauses.resume(session, services().catalog, [name])
+        except pauses.PauseRefused as exc:
+            _refused(exc)
+        session.commit()

@@ -35,6 +35,42 @@ class VideoLimitsSchema(ma.Schema):
     )
 
 
+class PauseSchema(ma.Schema):
+    model = fields.String(metadata={"example": "sdxl"})
+    paused_at = fields.String(metadata={"example": "2026-11-28T19:05:00+00:00"})
+    now = fields.Boolean(
+        metadata={
+            "description": "Its running jobs were asked to checkpoint and go back to the "
+            "queue (those that checkpoint; the others finish).",
+            "example": False,
+        }
+    )
+    reason = fields.String(allow_none=True, metadata={"example": "driver upgrade"})
+    paused_by = fields.String(
+        allow_none=True,
+        metadata={"description": "The operator's key id, or the CLI's user.", "example": None},
+    )
+
+
+class PauseRequestSchema(ma.Schema):
+    now = fields.Boolean(
+        load_default=False,
+        metadata={
+            "description": "Also send its running jobs back to the queue at their next step, "
+            "each with a checkpoint it resumes from (a job that checkpoints and has more than "
+            "DIFFQ_SHUTDOWN_FINISH seconds left; the others finish). False: they finish.",
+            "example": False,
+        },
+    )
+    reason = fields.String(
+        validate=validate.Length(max=200),
+        metadata={
+            "description": "Shown with the pause (200 characters at most).",
+            "example": "driver upgrade",
+        },
+    )
+
+
 class ModelSchema(ma.Schema):
     name = fields.String(metadata={"description": "The value of a job's `model`."})
     default = fields.Boolean(metadata={"description": "Used when a job names no model."})
@@ -124,6 +160,14 @@ class ModelSchema(ma.Schema):
             "example": ["ink"],
         },
     )
+    paused = fields.Nested(
+        PauseSchema,
+        allow_none=True,
+        metadata={
+            "description": "Set while an operator has paused the model: its queued jobs wait "
+            "(their ETAs are null) and none starts until it is resumed; null: running."
+        },
+    )
 
 
 class ModelListSchema(ma.Schema):
@@ -187,3 +231,10 @@ class EstimateSchema(ma.Schema):
     queued = fields.Integer(metadata={"description": "Jobs waiting on the model's queue."})
     running = fields.Integer(metadata={"description": "Jobs running on it."})
     samples = fields.Integer(metadata={"description": "Finished jobs the fit is made from."})
+    paused = fields.Boolean(
+        metadata={
+            "description": "The model is paused by an operator: a job would wait until it is "
+            "resumed, so `queue_seconds` is null.",
+            "example": False,
+        }
+    )
