@@ -25,7 +25,13 @@ def hold_seconds(settings) -> float:
 
 
 class PauseWatch:
-    """One `tick` at a time (a thread calls it every DIFFQ_PAUSE_POLL seconds)."""
+    """One `tick` at a time (a thread calls it every DIFFQ_PAUSE_POLL seconds).
+
+    It only undoes what it did: a queue is added back only if this watch stopped it. A
+    consumer that is not consuming a queue for another reason (reconnecting after the
+    broker closed its channel, say) is Celery's to restore; adding the queue again then
+    would open a second consumer on it, with deliveries beyond the prefetch.
+    """
 
     def __init__(
         self,
@@ -41,6 +47,7 @@ class PauseWatch:
         self._consuming = consuming
         self._cancel = cancel
         self._add = add
+        self.stopped: set[str] = set()  # the queues this watch stopped consuming
 
     def tick(self) -> dict[str, str]:
         """Bring each queue's consumer in line with the pauses; returns what changed
@@ -48,14 +55,17 @@ class PauseWatch:
         paused = self._paused_queues()
         changed = {}
         for queue in self.queues:
-            consuming = self._consuming(queue)
-            if consuming is None:  # no consumer now (away from the broker): next tick
+            if (queue in paused) == (queue in self.stopped):
                 continue
-            if queue in paused and consuming:
+            if self._consuming(queue) is None:  # no consumer now (away from the broker)
+                continue
+            if queue in paused:
                 self._cancel(queue)
+                self.stopped.add(queue)
                 changed[queue] = "stopped"
-            elif queue not in paused and not consuming:
+            else:
                 self._add(queue)
+                self.stopped.discard(queue)
                 changed[queue] = "started"
         for queue, what in changed.items():
             log.warning(

@@ -85,3 +85,12 @@ def test_the_watch_leaves_a_consumer_away_from_the_broker_alone():
     assert watch.tick() == {}
     connected[0] = True  # reconnected: the pause is applied then
     assert watch.tick() == {"gpu.a": "stopped"}
+
+
+def test_the_watch_only_adds_back_a_queue_it_stopped():
+    """A queue not consumed for another reason (a reconnection under way) is Celery's to
+    restore: adding it too would open a second consumer on it."""
+    consumer, paused = FakeConsumer(["gpu.a"]), set()  # gpu.pool not consumed just now
+    watch = _watch(consumer, paused)
+    assert watch.tick() == {} and watch.tick() == {}
+    assert consumer.calls == []
