@@ -12,6 +12,7 @@ import threading
 
 from celery import signals
 from celery.exceptions import WorkerShutdown
+from sqlalchemy.orm import configure_mappers
 
 from tasks.boot.common import EXIT_MODEL_LOAD, declare, mark_fatal
 from tasks.celery_app import services
@@ -67,6 +68,12 @@ def start(sender, queues: list[str]) -> None:
     signals.worker_process_shutdown.connect(release)
     worker_metrics.serve(services().settings)
     declare(sender, queues)
+    # The watches below query through the ORM from threads of this process, which forks
+    # the pool children at any time (a crashed child is replaced): a fork while a watch
+    # configures the mappers would give the child a mapper lock held for ever (its first
+    # query then hangs until its time limit). Configured here, before any thread, the
+    # mappers never take that lock again.
+    configure_mappers()
     stranded.start(sender, services(), queues)  # deliveries the broker strands
     pausing.start(sender, services(), queues)  # queues of paused models not consumed
     log.info("worker serves models %s from queues %s", names, queues)
