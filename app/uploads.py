@@ -16,18 +16,23 @@ import base64
 import binascii
 import hashlib
 import io
+import logging
 import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from app.db.models import Upload
+from app.db.models import Job, Upload
 from app.db.types import utcnow
+from app.jobs.states import JobStatus
+from app.kinds import KINDS
 from app.kinds.images import InputRef
-from app.storage import Storage
+from app.storage import Storage, StorageError
+
+log = logging.getLogger(__name__)
 
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}
 # An upload held for a job whose results are kept for ever (DIFFQ_RESULT_RETENTION=0).
@@ -141,13 +146,17 @@ def store(
     ttl: float,
 ) -> Upload:
     """Put the PNG under the tenant's prefix (once per digest) and record the upload: a
-    new row, or the same image's row with its expiry moved on. Commits."""
+    new row, or the same image's row with its expiry moved on. Commits. The row is locked
+    before the put (PostgreSQL), so that a `forget` of it cannot remove the object between
+    this put and this commit."""
+    row = session.scalar(
+        select(Upload)
+        .where(Upload.tenant_id == tenant_id, Upload.sha256 == image.sha256)
+        .with_for_update()
+    )
     storage.put(input_key(tenant_id, image.sha256), image.png, "image/png")
     now = utcnow()
     expires = now + timedelta(seconds=ttl)
-    row = session.scalar(
-        select(Upload).where(Upload.tenant_id == tenant_id, Upload.sha256 == image.sha256)
-    )
     if row is None:
         row = Upload(
             tenant_id=tenant_id,
@@ -184,6 +193,51 @@ def hold(row: Upload, seconds: float) -> bool:
         return False
     row.expires_at = until
     return True
+
+
+def needed(session: Session, row: Upload) -> bool:
+    """Whether a job of the tenant that may still run, or whose results are kept, names
+    the image in one of its input fields."""
+    fields = sorted({name for kind in KINDS.values() for name in kind.image_fields})
+    named = or_(*(Job.input[name].as_string() == row.sha256 for name in fields))
+    live = or_(
+        Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]),
+        and_(Job.status == JobStatus.SUCCEEDED, Job.data_removed_at.is_(None)),
+    )
+    found = session.scalar(
+        select(Job.id).where(Job.tenant_id == row.tenant_id, named, live).limit(1)
+    )
+    return found is not None
+
+
+def remove(session: Session, storage: Storage, row: Upload) -> None:
+    """Delete the upload's image from the store, then its row (committed): its links
+    answer 404 from now on. Raises StorageError with the row left as it was."""
+    storage.delete(input_key(row.tenant_id, row.sha256))
+    session.delete(row)
+    session.commit()
+
+
+def forget(session: Session, storage: Storage, row: Upload) -> bool:
+    """`DELETE /v1/uploads/{id}`: the id names nothing from now on, and the image goes at
+    once unless a job that may still run, or whose results are kept, names it (then the
+    retention sweep removes it after that job's results). True when it went now.
+
+    The row is locked first (PostgreSQL), as `store` locks it: an upload of the same
+    image at the same moment either comes after (and stores it again) or before (and is
+    forgotten with it)."""
+    locked = session.scalar(select(Upload).where(Upload.id == row.id).with_for_update())
+    if locked is None:
+        return False
+    if not needed(session, locked):
+        try:
+            remove(session, storage, locked)
+            return True
+        except StorageError as exc:  # the store away: the retention sweep deletes it later
+            log.warning("upload %s: its image not deleted yet (%s)", locked.id, exc)
+    locked.expires_at = utcnow() - timedelta(seconds=1)
+    session.commit()
+    return False
 
 
 def ref(row: Upload) -> InputRef:

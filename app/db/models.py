@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Date,
     Enum,
@@ -300,6 +301,18 @@ class ModelPause(Base):
     now: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     reason: Mapped[str | None] = mapped_column(String(200))
     paused_by: Mapped[str | None] = mapped_column(String(100))
+
+
+class AuthFailure(Base):
+    """Failed authentications of one client address in one minute, counted by every API
+    process (app/web/throttle.py): the failed-auth throttle is shared, as the rate limit
+    is. Rows of past minutes are dropped as a new minute's first failure is counted."""
+
+    __tablename__ = "auth_failures"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    window: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # epoch minute
+    count: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class ModelDigest(Base):

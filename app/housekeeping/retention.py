@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select
 
 from app import uploads
 from app.db.models import Job, Upload
@@ -17,7 +17,6 @@ from app.db.types import utcnow
 from app.jobs import transitions
 from app.jobs.results import result_keys
 from app.jobs.states import JobStatus
-from app.kinds import KINDS
 from app.storage import Storage, StorageError, checkpoint_key
 
 log = logging.getLogger(__name__)
@@ -126,33 +125,16 @@ def remove_unused_inputs(
             row = session.get(Upload, upload.id)
             if row is None:
                 continue
-            if _needed(session, row):
+            if uploads.needed(session, row):
                 uploads.hold(row, retention_seconds or 0)
                 session.commit()
                 continue
             try:
-                storage.delete(uploads.input_key(row.tenant_id, row.sha256))
+                uploads.remove(session, storage, row)
             except StorageError as exc:
                 log.warning("retention: input %s not deleted yet (%s)", row.sha256[:12], exc)
                 continue
-            session.delete(row)
-            session.commit()
             removed += 1
     if removed:
         log.info("retention: removed %d unused input image(s)", removed)
     return removed
-
-
-def _needed(session, row: Upload) -> bool:
-    """Whether a job of the tenant that may still run, or whose results are kept, names
-    the image in one of its input fields."""
-    fields = sorted({name for kind in KINDS.values() for name in kind.image_fields})
-    named = or_(*(Job.input[name].as_string() == row.sha256 for name in fields))
-    live = or_(
-        Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]),
-        and_(Job.status == JobStatus.SUCCEEDED, Job.data_removed_at.is_(None)),
-    )
-    found = session.scalar(
-        select(Job.id).where(Job.tenant_id == row.tenant_id, named, live).limit(1)
-    )
-    return found is not None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from app import services as root
 from app.web.streams import StreamSlots
-from app.web.throttle import FailureCounter
+from app.web.throttle import FailureCounter, SharedFailures
 from app.web.watch import JobWatcher
 
 
@@ -17,7 +17,7 @@ class ApiRoot(root.Services):
 
     @root.resource
     def auth_failures(self) -> FailureCounter:
-        return FailureCounter(self.settings.auth_failures)
+        return FailureCounter(self.settings.auth_failures, shared=SharedFailures(self.db))
 
     @root.resource
     def streams(self) -> StreamSlots:

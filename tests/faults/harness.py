@@ -141,7 +141,7 @@ class Scenario:
     def row(self, job_id: str):
         return self.rows([job_id]).get(job_id)
 
-    def settle(self, timeout: float = 120.0, most: float = 4.0) -> dict[str, object]:
+    def settle(self, timeout: float = 120.0, most: float = 2.0) -> dict[str, object]:
         """Wait until every accepted job is terminal. `timeout` bounds a stall, not the
         wait: it goes on while any job moves (its status, stage or step changes; a running
         job writes its step every DIFFQ_PROGRESS_INTERVAL), up to `most` x `timeout` in

@@ -100,3 +100,54 @@ def test_spending_a_ticket_clears_the_expired_ones(stack, db):
         assert spend(session, ticket) is False
         kept = set(session.scalars(select(UsedTicket.ticket_id)))
     assert old not in kept and ticket.ticket_id in kept
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def shared_store(request, tmp_path):
+    """The failures table on the suite's PostgreSQL, then on a migrated SQLite file (the
+    embedded service's store)."""
+    if request.param == "postgresql":
+        yield request.getfixturevalue("db")
+        return
+    from app.db.migrate import upgrade
+    from app.db.session import Database
+
+    url = f"sqlite:///{tmp_path / 'diffq.sqlite3'}"
+    upgrade(url)
+    database = Database(url)
+    yield database
+    database.dispose()
+
+
+def test_the_failure_count_is_shared_by_the_api_processes(shared_store):
+    """Two processes' counters on one store, an address failing on each in turn: the
+    address is refused once the failures of both reach the limit, plus at most one that
+    the second process lets through before it counts its own (each process alone would
+    allow the whole limit: twice as many)."""
+    limit, now = 6, [float(uuid.uuid4().int % 10**6) * 60]  # a window no other test used
+    name = f"addr:{uuid.uuid4()}"
+    processes = [
+        FailureCounter(limit, clock=lambda: now[0], shared=throttle.SharedFailures(shared_store))
+        for _ in range(2)
+    ]
+    through = 0
+    for n in range(4 * limit):
+        process = processes[n % 2]
+        if process.retry_after(name) is None:
+            through += 1
+            process.failed(name)
+    print(f"\nshared failed-auth count: {through} failures through for a limit of {limit}")
+    assert limit <= through <= limit + 1
+    assert all(p.retry_after(name) is not None for p in processes)
+    now[0] += 60  # the next minute: counted afresh, and the past minute's rows dropped
+    assert all(p.retry_after(name) is None for p in processes)
+    processes[0].failed(name)
+    from sqlalchemy import func, select
+
+    from app.db.models import AuthFailure
+
+    with shared_store.session() as session:
+        windows = session.scalars(
+            select(func.count()).select_from(AuthFailure).where(AuthFailure.name == name)
+        ).one()
+    assert windows == 1

@@ -4,7 +4,6 @@ never first in a worker), a job names it by id (`image`, `mask`)."""
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
 
 import marshmallow as ma
 from flask import redirect, request, url_for
@@ -13,7 +12,6 @@ from flask_smorest import abort
 from marshmallow import fields
 
 from app import uploads
-from app.db.types import utcnow
 from app.uploads import InputRefused, input_key
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
@@ -151,12 +149,13 @@ class Upload(MethodView):
     def delete(self, upload_id: uuid.UUID):
         """Forget an upload
 
-        Its id names nothing from now on; the image itself goes once no job whose
-        results are kept uses it.
+        Its id names nothing from now on, and the stored image is deleted at once: a
+        link to it handed out before answers 404. Where a job that may still run, or
+        whose results are kept, names the image, it stays until that job's results go
+        (the job needs it to run, and a replay to run again).
         """
         row = _found(upload_id)
-        row.expires_at = utcnow() - timedelta(seconds=1)
-        request_session().commit()
+        uploads.forget(request_session(), services().storage, row)
         return None
 
 
