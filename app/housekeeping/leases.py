@@ -16,16 +16,19 @@ log = logging.getLogger(__name__)
 LOCK_NOT_AVAILABLE = "55P03"
 
 
-def reap_lost_jobs(db: Database, *, max_attempts: int) -> int:
+def reap_lost_jobs(db: Database, *, max_attempts: int, restart_grace: float = 0.0) -> int:
     """Running jobs whose lease expired are requeued (published by the next outbox pass)
-    or failed past the attempt cap, so that nothing stays `running` forever.
+    or failed past the attempt cap, so that nothing stays `running` forever. For
+    `restart_grace` seconds after the database started (the relay gives a lease's
+    length), none is: their workers could not renew while it was down
+    (`service.lease_expired_jobs`).
 
     A row locked by another session (its worker frozen mid-transaction: the database
     ends that session after the worker's idle-transaction limit) is passed over after a
     second and tried again at the next pass: one such row never stalls the relay's pass,
     nor the other jobs' reaping."""
     with db.session() as session:
-        jobs = service.lease_expired_jobs(session)
+        jobs = service.lease_expired_jobs(session, restart_grace=restart_grace)
         for job in jobs:
             session.expunge(job)
     reaped = 0

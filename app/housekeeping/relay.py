@@ -32,7 +32,7 @@ def relay_pass(
     storage: Storage | None = None,
     catalog: Catalog | None = None,
 ) -> None:
-    reap_lost_jobs(db, max_attempts=settings.max_attempts)
+    reap_lost_jobs(db, max_attempts=settings.max_attempts, restart_grace=settings.lease_seconds)
     release_held(db, publisher, cap=settings.max_running)
     forget_windows(db)
     if storage is not None:

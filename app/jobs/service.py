@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.db import clock
@@ -179,12 +179,19 @@ def starving_job_ids(
     return list(session.scalars(query))
 
 
-def lease_expired_jobs(session: Session, *, limit: int = 100) -> list[Job]:
-    """Running jobs whose worker stopped renewing its claim."""
-    query = (
-        select(Job)
-        .where(Job.status == JobStatus.RUNNING, Job.lease_expires_at < clock.now(session))
-        .order_by(Job.lease_expires_at)
-        .limit(limit)
-    )
+def lease_expired_jobs(
+    session: Session, *, limit: int = 100, restart_grace: float = 0.0
+) -> list[Job]:
+    """Running jobs whose worker stopped renewing its claim.
+
+    With `restart_grace` (PostgreSQL), none while the database has been up for less than
+    that: a lease that ran out while the database was down (a restart, a failover) says
+    nothing of its worker, which renews it once it reaches the database again; reaped at
+    once, a live run would lose its job and an attempt to the outage."""
+    now = clock.now(session)
+    conditions = [Job.status == JobStatus.RUNNING, Job.lease_expires_at < now]
+    if restart_grace > 0 and session.get_bind().dialect.name == "postgresql":
+        started = func.pg_postmaster_start_time()
+        conditions.append(started < now - timedelta(seconds=restart_grace))
+    query = select(Job).where(*conditions).order_by(Job.lease_expires_at).limit(limit)
     return list(session.scalars(query))

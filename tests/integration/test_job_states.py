@@ -224,3 +224,30 @@ def test_a_row_locked_by_a_frozen_worker_does_not_stall_the_reaper(db, job_id):
     assert reap_lost_jobs(db, max_attempts=3) >= 1
     with db.session() as session:
         assert session.get(Job, job_id).status == JobStatus.QUEUED
+
+
+def test_a_lease_that_ran_out_while_the_database_restarted_is_not_reaped_at_once(db, job_id):
+    """A lease that expired within `restart_grace` of the database's start says nothing
+    of its worker (it could not renew while the database was down): the reaper leaves it
+    for that long, then reaps it. Here the database has been up for less than a century
+    and for more than nothing."""
+    from sqlalchemy import text, update
+
+    from app.db.models import Job
+
+    assert claim(db, job_id, owner="restarted").kind == ClaimKind.CLAIMED
+    session = db.sessions()  # the lease's expiry never committed: no relay reaps it meanwhile
+    try:
+        expire = text("statement_timestamp() - interval '1 second'")
+        session.execute(update(Job).where(Job.id == job_id).values(lease_expires_at=expire))
+        century = [
+            j.id for j in service.lease_expired_jobs(session, limit=9999, restart_grace=3.2e9)
+        ]
+        expired = [
+            j.id for j in service.lease_expired_jobs(session, limit=9999, restart_grace=1e-3)
+        ]
+    finally:
+        session.rollback()
+        session.close()
+    assert job_id not in century
+    assert job_id in expired
