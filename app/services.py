@@ -34,6 +34,12 @@ class resource(cached_property):
 
     _lock = threading.RLock()
 
+    @classmethod
+    def reset_lock(cls) -> None:
+        """In a forked child: a new lock (a parent thread building a resource at the fork
+        would have left it held for ever; workers/forkguard.py)."""
+        cls._lock = threading.RLock()
+
     def __get__(self, instance, owner=None):
         if instance is None:
             return self

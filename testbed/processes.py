@@ -108,15 +108,42 @@ def start_worker(
     ]
     if models:
         args += ["--models", models]
-    worker = ManagedProcess(name, args, env, log_dir).start()
+    # A fatal signal prints every thread's Python stack to the log (see below).
+    worker = ManagedProcess(name, args, {**env, "PYTHONFAULTHANDLER": "1"}, log_dir).start()
     if wait:
         try:
             worker.wait_for_log(r"warmed up in", timeout=120)
             worker.wait_for_log(r"ready\.", timeout=60)
-        except Exception:
+        except Exception as exc:
+            stacks = dump_stacks(worker)
             worker.stop()
-            raise
+            raise RuntimeError(f"{exc}\n{stacks}") from exc
     return worker
+
+
+def dump_stacks(worker: ManagedProcess) -> str:
+    """Where a worker that did not start was stuck: SIGABRT to the supervisor's
+    descendants (the Celery worker and its pool) makes each print its threads' Python
+    stacks (PYTHONFAULTHANDLER)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = (entry / "stat").read_text()
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    group, frontier = [], [worker.pid]
+    while frontier:  # the supervisor's descendants: the Celery worker and its pool
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        group += children
+        frontier = children
+    for pid in group:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGABRT)
+    deadline = time.monotonic() + 5  # each prints its stacks, then the signal ends it
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in group):
+        time.sleep(0.05)
+    text = worker.log()
+    start = text.find("Fatal Python error")
+    return f"stacks of pids {group}:\n" + (text[start : start + 6000] if start >= 0 else "none")
 
 
 class ApiServer(ManagedProcess):

@@ -81,6 +81,7 @@ def start(controller, services, queues: list[str]) -> threading.Thread:
     """The watch of a GPU worker's main process (tasks/boot/gpu.py)."""
     poll = hold_seconds(services.settings)
     from app.jobs import pauses
+    from workers import forkguard
 
     def consumer():
         return getattr(controller, "consumer", None)
@@ -108,7 +109,8 @@ def start(controller, services, queues: list[str]) -> threading.Thread:
     def loop() -> None:
         while True:
             try:
-                watch.tick()
+                with forkguard.ticking():
+                    watch.tick()
             except Exception as exc:  # noqa: BLE001 - the database away: next tick
                 log.info("paused-model check skipped (%s: %s)", type(exc).__name__, exc)
             time.sleep(poll)

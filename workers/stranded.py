@@ -118,7 +118,7 @@ def start(controller, services, queues: list[str]) -> threading.Thread | None:
     from celery.worker import state
 
     from app.jobs import pauses, service
-    from workers import heartbeat
+    from workers import forkguard, heartbeat
 
     accepted = [state.all_total_count[0]]
 
@@ -162,7 +162,8 @@ def start(controller, services, queues: list[str]) -> threading.Thread | None:
         while True:
             time.sleep(after / 4)
             try:
-                watch.tick()
+                with forkguard.ticking():
+                    watch.tick()
             except Exception as exc:  # noqa: BLE001 - the database away: next tick
                 log.info("stranded-delivery check skipped (%s: %s)", type(exc).__name__, exc)
 

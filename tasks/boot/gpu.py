@@ -33,8 +33,9 @@ def start(sender, queues: list[str]) -> None:
     """worker_init, in the main process: check every served model's files, declare the
     queues, import (never initialise CUDA) before forking, then hook the pool children."""
     global _controller
+    from app.services import resource
+    from workers import forkguard, pausing, stranded
     from workers import metrics as worker_metrics
-    from workers import pausing, stranded
     from workers.pipelines import ModelLoadError, check_model_dir, preimport_components
     from workers.runtime import served_models
 
@@ -53,6 +54,8 @@ def start(sender, queues: list[str]) -> None:
         raise WorkerShutdown(str(exc)) from exc
     _queues[:] = queues
     os.environ["DIFFQ_WORKER_NAME"] = sender.hostname
+    # The tokenizers' thread pool is not fork-safe; a pool child tokenizes on its own.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # A pool child that replaces a dead one then starts in well under a second instead
     # of re-importing torch.
     import torch  # noqa: F401
@@ -74,6 +77,10 @@ def start(sender, queues: list[str]) -> None:
     # query then hangs until its time limit). Configured here, before any thread, the
     # mappers never take that lock again.
     configure_mappers()
+    # Built here, not by a watch's first tick racing the pool's first fork; and each
+    # fork waits for the tick in progress (workers/forkguard.py).
+    services().db  # noqa: B018 - built now
+    forkguard.install(resource.reset_lock)
     stranded.start(sender, services(), queues)  # deliveries the broker strands
     pausing.start(sender, services(), queues)  # queues of paused models not consumed
     log.info("worker serves models %s from queues %s", names, queues)
