@@ -61,11 +61,18 @@ class ImageKind(JobKind):
             field = "steps" if given is None and "steps" in data else "strength"
             said = {"steps": "" if "steps" in data else " (the model's default)"}
             said["strength"] = " (the default)" if given is None else ""
-            least = next(n for n in range(1, spec.max_steps + 1) if denoise_steps(n, strength))
+            least = next(
+                (n for n in range(1, spec.max_steps + 1) if denoise_steps(n, strength)), None
+            )
+            fix = (
+                f"ask for at least {least} steps, or a strength of at least {1 / steps:.2f}"
+                if least is not None  # a strength of 0 leaves none at any step count
+                else f"ask for a strength of at least {1 / spec.max_steps:.3f} (at "
+                f"{spec.max_steps} steps, the model's most) or {1 / steps:.2f} at {steps}"
+            )
             errors.setdefault(field, []).append(
                 f"strength x steps = {strength}{said['strength']} x {steps}{said['steps']} "
-                f"leaves no step to run: ask for at least {least} steps, or a strength "
-                f"of at least {1 / steps:.2f}."
+                f"leaves no step to run: {fix}."
             )
         return errors
 

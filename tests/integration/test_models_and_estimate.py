@@ -192,6 +192,7 @@ def test_an_image_jobs_estimate_counts_the_steps_its_strength_leaves(client, ten
         assert answer.status_code == 200, (query, answer.json)
     for query, field in (
         ("&kind=img2img&strength=0.05", "strength"),
+        ("&kind=img2img&strength=0", "strength"),  # none at any step count: was a 500
         ("&strength=0.5", "strength"),  # txt2img has none
         ("&kind=img2img", "kind"),  # on tiny-b, which offers txt2img only
     ):
