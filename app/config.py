@@ -48,6 +48,12 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
     return raw
 
 
+def _positive(value: float, name: str) -> float:
+    if value <= 0:
+        raise ValueError(f"{name} must be more than 0, got {value:g}")
+    return value
+
+
 def _float(env: Mapping[str, str], name: str, default: float) -> float:
     raw = env.get(name)
     if raw in (None, ""):
@@ -123,6 +129,12 @@ class Settings:
     worker_model_bytes: int
     warm_share_slack: float
     http_keepalive: float
+    # Slow clients (app/web/request_reader.py): seconds a request's headers may take to
+    # arrive, seconds its body may go without a byte, and connections one API process
+    # holds (a waiting one costs a socket, not a thread).
+    http_header_timeout: float
+    http_body_timeout: float
+    http_max_connections: int
     max_attempts: int
     # RabbitMQ's consumer_timeout, seconds, as the broker is configured: every model's
     # time_limit must end 300 s before it (app/catalog.py).
@@ -324,6 +336,15 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         # Idle seconds a client connection is kept open: longer than the load balancer's
         # idle timeout (60 s on most clouds), so the balancer always closes first.
         http_keepalive=_float(env, "DIFFQ_HTTP_KEEPALIVE", 75.0),
+        http_header_timeout=_positive(
+            _float(env, "DIFFQ_HTTP_HEADER_TIMEOUT", 10.0), "DIFFQ_HTTP_HEADER_TIMEOUT"
+        ),
+        http_body_timeout=_positive(
+            _float(env, "DIFFQ_HTTP_BODY_TIMEOUT", 10.0), "DIFFQ_HTTP_BODY_TIMEOUT"
+        ),
+        http_max_connections=int(
+            _positive(_int(env, "DIFFQ_HTTP_MAX_CONNECTIONS", 10000), "DIFFQ_HTTP_MAX_CONNECTIONS")
+        ),
         max_attempts=_int(env, "DIFFQ_MAX_ATTEMPTS", 3),
         broker_consumer_timeout=_int(env, "DIFFQ_BROKER_CONSUMER_TIMEOUT", 1800),
         upload_retries=_int(env, "DIFFQ_UPLOAD_RETRIES", 5),

@@ -63,8 +63,9 @@ def gunicorn_command(
         # gthread, with the errors gunicorn answers by itself (431, 414, 400) in JSON.
         "--worker-class=app.web.http_worker.ThreadWorker",
         f"--threads={threads}",
-        # gthread counts every open connection (event streams included) against this.
-        f"--worker-connections={max(1000, 2 * threads)}",
+        # Every open connection (event streams, requests still arriving, kept-alive ones)
+        # counts against this; one waiting for its request costs a socket, not a thread.
+        f"--worker-connections={max(settings.http_max_connections, 2 * threads)}",
         "--access-logfile=-",
         # Query strings are logged with tickets and other credentials redacted.
         "--logger-class=app.web.access_log.RedactingLogger",

@@ -31,6 +31,12 @@ HTTP_IN_FLIGHT = Gauge(
     "HTTP requests being answered now (event streams excluded)",
     multiprocess_mode="livesum",
 )
+HTTP_CUT = Counter(
+    "diffq_http_requests_cut",
+    "Requests closed before they reached a thread: too_large (a 413 from Content-Length), "
+    "header_timeout or body_timeout (a 408)",
+    ["reason"],
+)
 JOBS_SUBMITTED = Counter(
     "diffq_jobs_submitted", "Jobs accepted by POST /v1/jobs (202), by model", ["model"]
 )

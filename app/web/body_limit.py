@@ -1,5 +1,10 @@
-"""Bodies over DIFFQ_MAX_BODY_BYTES: a 413 that names the limit (and the largest field),
-answered after the body is read, so a reused keep-alive connection stays usable.
+"""Bodies over DIFFQ_MAX_BODY_BYTES: a 413 that names the limit (and the largest field).
+
+Under gunicorn, a body whose `Content-Length` is over its route's limit is refused before
+a byte of it is read (`refusal`, written by app/web/http_worker.py's event loop): reading
+it would cost what the limit is there to save. What reaches this middleware (the Flask
+test client, TLS ended in gunicorn) is answered after the body is read, so a reused
+keep-alive connection stays usable.
 
 Left to Flask, an oversized body is refused unread; the server then closes a socket
 with data still arriving and the client may see a connection reset instead of the 413.
@@ -60,34 +65,53 @@ class BodyLimit:
             length = int(environ.get("CONTENT_LENGTH") or -1)
         except ValueError:
             length = -1
-        limit, setting = self._limit(environ.get("PATH_INFO", ""))
-        if length <= limit:
+        path = environ.get("PATH_INFO", "")
+        if length <= self._limit(path)[0]:
             return self.app(environ, start_response)
         body = self._drain(environ["wsgi.input"], min(length, self.drain_max))
-        message = f"The request body is {length} bytes; the limit is {limit} bytes ({setting})."
-        answer: dict[str, Any] = {"code": 413, "status": "Payload Too Large"}
-        field = _largest_field(body) if len(body) == length else None
-        if field is not None:
-            name, size = field
-            message += f" Its largest field, '{name}', is {size} bytes of JSON."
-            answer["errors"] = {"json": {name: [f"{size} bytes; the whole body is limited."]}}
-        answer["message"] = message
-        if self.openai_prefix and environ.get("PATH_INFO", "").startswith(self.openai_prefix):
-            param = field[0] if field is not None else None
-            answer = {
-                "error": {
-                    "message": message,
-                    "type": "invalid_request_error",
-                    "param": param,
-                    "code": None,
-                }
-            }
-        payload = json.dumps(answer).encode()
+        payload = self.answer(path, length, body)
         headers = [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))]
         if length > self.drain_max:
             headers.append(("Connection", "close"))
         start_response("413 Payload Too Large", headers)
         return [payload]
+
+    def limit_for(self, path: str) -> int:
+        """The largest body `path` takes."""
+        return self._limit(path)[0]
+
+    def answer(self, path: str, length: int | None, body: bytes = b"") -> bytes:
+        """The 413's JSON for a body of `length` bytes (None: chunked, cut at the limit)
+        to `path`; `body`, where it was read whole, names its largest field."""
+        limit, setting = self._limit(path)
+        size = f"{length} bytes" if length is not None else f"over {limit} bytes"
+        message = f"The request body is {size}; the limit is {limit} bytes ({setting})."
+        answer: dict[str, Any] = {"code": 413, "status": "Payload Too Large"}
+        field = _largest_field(body) if body and len(body) == length else None
+        if field is not None:
+            name, size_of = field
+            message += f" Its largest field, '{name}', is {size_of} bytes of JSON."
+            answer["errors"] = {"json": {name: [f"{size_of} bytes; the whole body is limited."]}}
+        answer["message"] = message
+        if self.openai_prefix and path.startswith(self.openai_prefix):
+            answer = {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": field[0] if field is not None else None,
+                    "code": None,
+                }
+            }
+        return json.dumps(answer).encode()
+
+    def refusal(self, path: str, length: int | None) -> bytes:
+        """The whole HTTP answer for a body refused before it is read (the connection then
+        closes: the body is not read)."""
+        payload = self.answer(path, length)
+        return (
+            "HTTP/1.1 413 Payload Too Large\r\nConnection: close\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+        ).encode("latin-1") + payload
 
     @staticmethod
     def _drain(stream: Any, count: int) -> bytes:

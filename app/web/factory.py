@@ -6,12 +6,14 @@ from flask import Flask
 
 from app import logs
 from app.config import Settings, load_settings
+from app.metrics.instruments import HTTP_CUT
 from app.web.body_limit import BodyLimit
 from app.web.edge import Edge
 from app.web.errors import register_error_handlers
 from app.web.metrics import install as install_metrics
 from app.web.model_bounds import declare as declare_model_bounds
 from app.web.openapi import Api, spec_options
+from app.web.request_reader import RequestGuard
 from app.web.root import ApiRoot
 from app.web.services import close_request_session
 
@@ -83,21 +85,27 @@ def create_app(settings: Settings | None = None, *, celery=None) -> Flask:
     app.teardown_appcontext(close_request_session)
     uploads = (settings.input_max_bytes, "DIFFQ_INPUT_MAX_BYTES")
     batches = (settings.batch_max_bytes, "DIFFQ_BATCH_MAX_BYTES")
+    body_limit = BodyLimit(
+        app.wsgi_app,
+        settings.max_body_bytes,
+        routes={
+            "/v1/uploads": uploads,
+            "/v1/adapters": (settings.adapter_max_bytes, "DIFFQ_ADAPTER_MAX_BYTES"),
+            # An edit carries an image and its mask.
+            "/v1/images/edits": (2 * settings.input_max_bytes, "2 x DIFFQ_INPUT_MAX_BYTES"),
+            "/v1/batches": batches,
+            "/v1/files": batches,
+        },
+        openai_prefix=openai_blp.url_prefix + "/",
+    )
     # Outermost: the port a request came in on, its forwarded headers, its links' base.
-    app.wsgi_app = Edge(
-        BodyLimit(
-            app.wsgi_app,
-            settings.max_body_bytes,
-            routes={
-                "/v1/uploads": uploads,
-                "/v1/adapters": (settings.adapter_max_bytes, "DIFFQ_ADAPTER_MAX_BYTES"),
-                # An edit carries an image and its mask.
-                "/v1/images/edits": (2 * settings.input_max_bytes, "2 x DIFFQ_INPUT_MAX_BYTES"),
-                "/v1/batches": batches,
-                "/v1/files": batches,
-            },
-            openai_prefix=openai_blp.url_prefix + "/",
-        ),
-        settings,
+    app.wsgi_app = Edge(body_limit, settings)
+    # What the gunicorn worker reads each request with, before a thread takes it.
+    app.extensions["diffq.request_guard"] = RequestGuard(
+        header_timeout=settings.http_header_timeout,
+        body_timeout=settings.http_body_timeout,
+        limit=body_limit.limit_for,
+        refusal=body_limit.refusal,
+        cut=lambda reason: HTTP_CUT.labels(reason).inc(),
     )
     return app

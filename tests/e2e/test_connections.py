@@ -1,5 +1,5 @@
 """Connections a client (or a load balancer) reuses: kept alive longer than common idle
-timeouts, and an oversized body answered with its 413 on the same connection."""
+timeouts; an oversized body answered with its 413, unread, and a new connection."""
 
 from __future__ import annotations
 
@@ -55,28 +55,33 @@ def _socket_of(session: requests.Session):
     return conn.sock if conn is not None else None
 
 
-def test_oversized_bodies_on_one_connection_get_a_413_naming_the_limit(api_server, tenant_key):
+def test_oversized_bodies_get_a_413_naming_the_limit_and_a_new_connection(api_server, tenant_key):
+    """A body announced over the limit is refused from its head, unread (app/web/
+    request_reader.py), and its connection then closes: the client gets the 413, not a
+    reset, even while it is still sending, and its next request a new connection."""
     from app.config import load_settings
 
     limit = load_settings().max_body_bytes
     body = json.dumps({"prompt": "x", "metadata": {"pad": "y" * (limit + 1)}}).encode()
     conn = http.client.HTTPConnection("127.0.0.1", api_server.port, timeout=30)
     headers = {**auth(tenant_key), "Content-Type": "application/json"}
+    answers, sockets = [], set()
     try:
-        conn.request("GET", "/v1/jobs", headers=headers)  # the connection has served one
-        assert conn.getresponse().read() and conn.sock is not None
-        sock = conn.sock
-        answers = []
         for _ in range(50):
             conn.request("POST", "/v1/jobs", body=body, headers=headers)
+            sockets.add(id(conn.sock))
             response = conn.getresponse()
-            answers.append((response.status, json.loads(response.read())))
-            assert conn.sock is sock, "the server closed the connection"
+            answers.append((response.status, response.getheader("Connection"), response.read()))
+        conn.request("GET", "/v1/jobs", headers=headers)
+        after = conn.getresponse()
+        after.read()
     finally:
         conn.close()
-    statuses = {status for status, _ in answers}
-    print(f"\n50 oversized POSTs on one connection: statuses {statuses}")
+    statuses = {status for status, _, _ in answers}
+    print(f"\n50 oversized POSTs: statuses {statuses}, connections {len(sockets)}")
     assert statuses == {413}
-    message = answers[-1][1]["message"]
+    assert {connection for _, connection, _ in answers} == {"close"}
+    assert after.status == 200
+    message = json.loads(answers[-1][2])["message"]
     assert f"the limit is {limit} bytes" in message and f"is {len(body)} bytes" in message
-    assert "'metadata'" in message and "metadata" in answers[-1][1]["errors"]["json"]
+    assert "DIFFQ_MAX_BODY_BYTES" in message
