@@ -135,6 +135,9 @@ class Settings:
     http_header_timeout: float
     http_body_timeout: float
     http_max_connections: int
+    # Seconds ahead the demand forecast looks for its busiest 5 minutes
+    # (app/jobs/forecast.py): your GPU nodes' time to arrive, and a margin.
+    forecast_lookahead: float
     max_attempts: int
     # RabbitMQ's consumer_timeout, seconds, as the broker is configured: every model's
     # time_limit must end 300 s before it (app/catalog.py).
@@ -341,6 +344,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         ),
         http_body_timeout=_positive(
             _float(env, "DIFFQ_HTTP_BODY_TIMEOUT", 10.0), "DIFFQ_HTTP_BODY_TIMEOUT"
+        ),
+        forecast_lookahead=_positive(
+            _float(env, "DIFFQ_FORECAST_LOOKAHEAD", 600.0), "DIFFQ_FORECAST_LOOKAHEAD"
         ),
         http_max_connections=int(
             _positive(_int(env, "DIFFQ_HTTP_MAX_CONNECTIONS", 10000), "DIFFQ_HTTP_MAX_CONNECTIONS")

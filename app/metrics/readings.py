@@ -18,9 +18,12 @@ from app.db.models import DailyUsage, Job, Tenant
 from app.db.session import Database
 from app.db.types import utcnow
 from app.jobs import pauses
+from app.jobs.forecast import Horizon, forecast_gpus
 from app.jobs.states import JobStatus
 
 log = logging.getLogger(__name__)
+
+FORECAST_TTL = 60.0  # seconds a demand forecast is reused
 
 
 def job_gauges(db: Database, queues: Iterable[str], catalog=None) -> list[GaugeMetricFamily]:
@@ -181,6 +184,7 @@ class ServiceCollector:
         cache_ttl: float = 0.0,
         clock=time.monotonic,
         catalog=None,
+        forecast_lookahead: float = 600.0,
     ) -> None:
         self.db, self.queues, self.broker = db, queues, broker
         self.catalog = catalog  # for the paused queues
@@ -190,6 +194,9 @@ class ServiceCollector:
         self.cache_ttl, self.clock = cache_ttl, clock
         self._cached: tuple[float, list] | None = None
         self._lock = threading.Lock()
+        # The demand forecast changes by the minute: read once a minute at most.
+        self.horizon = Horizon(lookahead=max(1, round(forecast_lookahead / 60)))
+        self._forecast: tuple[float, GaugeMetricFamily] | None = None
 
     def _job_families(self) -> list:
         from app.metrics.backlog import backlog_gauge
@@ -203,11 +210,28 @@ class ServiceCollector:
                 families.extend(job_gauges(self.db, self.queues, self.catalog))
                 families.append(backlog_gauge(self.db, self.queues))
                 families.extend(tenant_usage(self.db, self.top_tenants))
+                families.append(self._forecast_gauge(now))
             except Exception as exc:  # noqa: BLE001
                 log.warning("job readings unavailable: %s: %s", type(exc).__name__, exc)
                 return families  # not cached: the next scrape tries again
             self._cached = (now, families)
             return families
+
+    def _forecast_gauge(self, now: float) -> GaugeMetricFamily:
+        if self._forecast is not None and now - self._forecast[0] < FORECAST_TTL:
+            return self._forecast[1]
+        gauge = GaugeMetricFamily(
+            "diffq_demand_forecast_gpus",
+            "GPUs a queue's demand is expected to keep busy in the busiest 5 minutes "
+            "starting within DIFFQ_FORECAST_LOOKAHEAD, from the same minutes of past weeks "
+            "(or days) scaled by this week's level (app/jobs/forecast.py); 0 without history",
+            labels=["queue"],
+        )
+        gpus = forecast_gpus(self.db, list(self.queues), self.horizon)
+        for queue in sorted(set(self.queues)):
+            gauge.add_metric([queue], round(gpus.get(queue, 0.0), 3))
+        self._forecast = (now, gauge)
+        return gauge
 
     def collect(self):
         yield from self._job_families()

@@ -36,6 +36,7 @@ def install(app: Flask, svc: ApiRoot) -> None:
         top_tenants=svc.settings.metrics_top_tenants,
         cache_ttl=svc.settings.metrics_cache_ttl,
         catalog=svc.catalog,
+        forecast_lookahead=svc.settings.forecast_lookahead,
     )
 
     @app.before_request

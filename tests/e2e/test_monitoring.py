@@ -531,8 +531,9 @@ def _panel_queries() -> list[tuple[str, str, str]]:
     return queries
 
 
-def _keda_queries() -> dict[str, str]:
-    """Every Prometheus trigger of a ScaledObject in deploy/k8s: its queue -> its query."""
+def _keda_queries() -> dict[tuple[str, str], str]:
+    """Every Prometheus trigger of a ScaledObject in deploy/k8s: (its queue, what it scales
+    on: backlog or forecast) -> its query."""
     found = {}
     for path in sorted((DEPLOY / "k8s").rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
@@ -542,7 +543,8 @@ def _keda_queries() -> dict[str, str]:
                 if trigger["type"] == "prometheus":
                     query = trigger["metadata"]["query"]
                     queue = query.split('queue="', 1)[1].split('"', 1)[0]
-                    found[queue] = query
+                    on = "forecast" if "diffq_demand_forecast_gpus" in query else "backlog"
+                    found[(queue, on)] = query
     return found
 
 
@@ -714,7 +716,11 @@ def test_every_dashboard_keda_and_hpa_query_answers_with_what_the_test_caused(op
         "every panel query needs its expected answer here"
     )
     keda = _keda_queries()
-    assert set(keda) == {"gpu.sdxl", "gpu.sdxl.high"}, keda
+    assert set(keda) == {
+        ("gpu.sdxl", "backlog"),
+        ("gpu.sdxl.high", "backlog"),
+        ("gpu.sdxl", "forecast"),
+    }, keda
     hpa = _adapter_query(api_instance)
 
     def answers() -> dict[str, object]:
@@ -726,10 +732,11 @@ def test_every_dashboard_keda_and_hpa_query_answers_with_what_the_test_caused(op
             answered[f"{title} [{legend}]"] = rows
             if not checks[(title, legend)](rows):
                 wrong[f"{title} [{legend}]"] = rows
-        for queue, expr in keda.items():
+        for (queue, on), expr in keda.items():
             rows = ops.prometheus.query(expr)
-            answered[f"KEDA {queue}"] = rows
-            expected = backlog[queue] + 600 * running[queue]
+            answered[f"KEDA {queue} {on}"] = rows
+            # sdxl has no success yet: no GPU-seconds a job to forecast with.
+            expected = backlog[queue] + 600 * running[queue] if on == "backlog" else 0.0
             if [r["value"] for r in rows] != [expected]:
                 wrong[f"KEDA {queue} (expected {expected})"] = rows
         rows = ops.prometheus.query(hpa)
@@ -739,6 +746,9 @@ def test_every_dashboard_keda_and_hpa_query_answers_with_what_the_test_caused(op
         variable = ops.prometheus.label_values("queue", "diffq_queue_depth")
         if sorted(variable) != QUEUES:
             wrong["queue variable"] = variable
+        forecast = ops.prometheus.label_values("queue", "diffq_demand_forecast_gpus")
+        if sorted(forecast) != QUEUES:  # a series for every queue, 0 without history
+            wrong["forecast series"] = forecast
         return {"wrong": wrong, "answered": answered}
 
     last: dict = {}

@@ -203,8 +203,24 @@ def test_keda_scales_each_pool_on_what_is_queued_for_it(overlay):
     workers = {n for n, d in deployments.items() if container(d)["command"][1] == "worker"}
     assert {s["spec"]["scaleTargetRef"]["name"] for s in scaled.values()} == workers
     for name, obj in scaled.items():
-        (trigger,) = obj["spec"]["triggers"]
+        triggers = obj["spec"]["triggers"]
         command = container(deployments[obj["spec"]["scaleTargetRef"]["name"]])["command"]
+        crons = [t for t in triggers if t["type"] == "cron"]
+        assert not crons or overlay == "peak-hours", (overlay, crons)
+        for cron in crons:  # a known peak, held on weekday mornings
+            assert int(cron["metadata"]["desiredReplicas"]) > obj["spec"]["minReplicaCount"]
+            assert cron["metadata"]["timezone"] and cron["metadata"]["start"].endswith("1-5")
+        metrics = [t for t in triggers if t["type"] != "cron"]
+        prometheus = [t for t in metrics if t["type"] == "prometheus"]
+        # Every pool scales on what is queued for it; the main pool on the forecast too.
+        assert len(metrics) == 1 or (len(prometheus) == 2 and name == "diffq-worker-sdxl")
+        for trigger in prometheus[1:]:
+            query = trigger["metadata"]["query"]
+            assert promql_names(query) == {"diffq_demand_forecast_gpus"}, query
+            assert promql_names(query) <= exported_metrics()
+            assert trigger["metadata"]["threshold"] == "1"  # a worker per GPU
+            assert re.search(r'queue="([^"]+)"', query).group(1) == "gpu.sdxl"
+        trigger = metrics[0]
         if trigger["type"] == "prometheus":
             query = trigger["metadata"]["query"]
             assert promql_names(query) <= exported_metrics(), query
