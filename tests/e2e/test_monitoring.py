@@ -769,10 +769,11 @@ def test_every_dashboard_keda_and_hpa_query_answers_with_what_the_test_caused(op
     assert all(not math.isnan(r["value"]) for rows in answered.values() for r in rows)
     print(
         f"\n{len(panels)} panel queries, {len(keda)} KEDA triggers and the HPA's query "
-        f"answered as caused: KEDA gpu.sdxl {answered['KEDA gpu.sdxl'][0]['value']} "
-        f"({units} units queued + 600 x 1 running), gpu.sdxl.high "
-        f"{answered['KEDA gpu.sdxl.high'][0]['value']}, HPA {answered['HPA'][0]['value']} "
-        f"requests in flight"
+        f"answered as caused: KEDA gpu.sdxl {answered['KEDA gpu.sdxl backlog'][0]['value']} "
+        f"({units} units queued + 600 x 1 running), its forecast "
+        f"{answered['KEDA gpu.sdxl forecast'][0]['value']} GPUs (no success yet), "
+        f"gpu.sdxl.high {answered['KEDA gpu.sdxl.high backlog'][0]['value']}, "
+        f"HPA {answered['HPA'][0]['value']} requests in flight"
     )
 
     # The same busy pool on a GPU that idles with memory nearly full: both GPU alerts.
