@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from app.catalog import ModelSpec
@@ -161,13 +162,16 @@ def _has_variant(folder, variant: str | None) -> bool:
     return bool(variant) and any(folder.glob(f"*.{variant}.safetensors"))
 
 
-def model_identity(spec: ModelSpec, device: str) -> tuple[str, dict[str, Any]]:
+def model_identity(
+    spec: ModelSpec, device: str, digest_cache: Path | None = None
+) -> tuple[str, dict[str, Any]]:
     """The model's digest (what the result cache keys on) and the manifest fields it
-    fixes, from its files and loading keys: known without loading it."""
+    fixes, from its files and loading keys: known without loading it. `digest_cache`:
+    where the folders' digests are kept between starts (workers/manifest.py)."""
     dtype_name = str(resolve_dtype(spec, device)).removeprefix("torch.")
     digests: dict[str, str | None] = {
-        "weights": files_digest(spec.path),
-        "vae": files_digest(spec.vae_path) if spec.vae_path is not None else None,
+        "weights": files_digest(spec.path, digest_cache),
+        "vae": (files_digest(spec.vae_path, digest_cache) if spec.vae_path is not None else None),
     }
     digests["model"] = digest = model_digest(
         digests["weights"],
@@ -187,7 +191,7 @@ def model_identity(spec: ModelSpec, device: str) -> tuple[str, dict[str, Any]]:
     return digest, manifest
 
 
-def load_model(spec: ModelSpec, device: str) -> LoadedModel:
+def load_model(spec: ModelSpec, device: str, digest_cache: Path | None = None) -> LoadedModel:
     import transformers
     from diffusers import DiffusionPipeline
     from diffusers.utils import logging as diffusers_logging
@@ -208,7 +212,7 @@ def load_model(spec: ModelSpec, device: str) -> LoadedModel:
     pipeline.set_progress_bar_config(disable=True)
     loaded_seconds = time.perf_counter() - started
     device_seconds = time.perf_counter() - read
-    digest, manifest = model_identity(spec, device)
+    digest, manifest = model_identity(spec, device, digest_cache)
     log.info(
         "model %s sha256 %s (%.2fs)",
         spec.name,

@@ -217,7 +217,7 @@ def build_runtime(parent: Services, queues: list[str]) -> WorkerRuntime:
     capacity = settings.worker_max_models
 
     def load(spec) -> LoadedModel:
-        model = load_model(spec, device)
+        model = load_model(spec, device, settings.home / "digests")
         warm_seconds = warm_up(model)
         _size_adapters(model, settings)
         log.info(
@@ -240,7 +240,11 @@ def build_runtime(parent: Services, queues: list[str]) -> WorkerRuntime:
             models.get(name)
     # What the result cache keys on, for every served model, loaded now or not.
     digests = {
-        name: (models[name].digest if name in models else model_identity(spec, device)[0])
+        name: (
+            models[name].digest
+            if name in models
+            else model_identity(spec, device, settings.home / "digests")[0]
+        )
         for name, spec in served.items()
     }
     runtime = parent.derive(
