@@ -210,14 +210,18 @@ class ServiceCollector:
                 families.extend(job_gauges(self.db, self.queues, self.catalog))
                 families.append(backlog_gauge(self.db, self.queues))
                 families.extend(tenant_usage(self.db, self.top_tenants))
-                families.append(self._forecast_gauge(now))
             except Exception as exc:  # noqa: BLE001
                 log.warning("job readings unavailable: %s: %s", type(exc).__name__, exc)
                 return families  # not cached: the next scrape tries again
+            forecast = self._forecast_gauge(now)
+            if forecast is not None:
+                families.append(forecast)
             self._cached = (now, families)
             return families
 
-    def _forecast_gauge(self, now: float) -> GaugeMetricFamily:
+    def _forecast_gauge(self, now: float) -> GaugeMetricFamily | None:
+        """The demand forecast, reused for FORECAST_TTL; one that cannot be read leaves
+        the other readings as they are (its series is absent until it can)."""
         if self._forecast is not None and now - self._forecast[0] < FORECAST_TTL:
             return self._forecast[1]
         gauge = GaugeMetricFamily(
@@ -227,7 +231,11 @@ class ServiceCollector:
             "(or days) scaled by this week's level (app/jobs/forecast.py); 0 without history",
             labels=["queue"],
         )
-        gpus = forecast_gpus(self.db, list(self.queues), self.horizon)
+        try:
+            gpus = forecast_gpus(self.db, list(self.queues), self.horizon)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("demand forecast unavailable: %s: %s", type(exc).__name__, exc)
+            return None
         for queue in sorted(set(self.queues)):
             gauge.add_metric([queue], round(gpus.get(queue, 0.0), 3))
         self._forecast = (now, gauge)

@@ -92,3 +92,16 @@ def test_the_collector_exports_a_forecast_for_every_queue(database):
     families = {f.name: f for f in ServiceCollector(database, queues, None).collect()}
     samples = families["diffq_demand_forecast_gpus"].samples
     assert [(s.labels["queue"], s.value) for s in samples] == [(queues[0], 0.0)]
+
+
+def test_a_forecast_that_cannot_be_read_leaves_the_other_readings(database, monkeypatch):
+    from app.metrics import readings
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("no forecast")
+
+    monkeypatch.setattr(readings, "forecast_gpus", broken)
+    queues = [f"gpu.broken-{uuid.uuid4().hex[:8]}"]
+    names = {f.name for f in readings.ServiceCollector(database, queues, None).collect()}
+    assert "diffq_queue_depth" in names and "diffq_queue_backlog_gpu_seconds" in names
+    assert "diffq_demand_forecast_gpus" not in names
