@@ -263,10 +263,10 @@ def model_build_tiny_lora(path, seed, rank, text_encoder, overwrite) -> int:
     job's loras. Its weights are noise, as the model's are."""
     from pathlib import Path
 
+    if Path(path).exists() and not overwrite:  # said before seconds of importing torch
+        raise click.ClickException(f"{path} already exists: name another file, or --overwrite")
     from workers.tiny import save_tiny_lora
 
-    if Path(path).exists() and not overwrite:
-        raise click.ClickException(f"{path} already exists: name another file, or --overwrite")
     saved, checked = save_tiny_lora(
         path, seed=seed, rank=rank, text_encoder=text_encoder, overwrite=overwrite
     )
