@@ -5,7 +5,9 @@ Used by the test session (tests/conftest.py) and by the benchmarks in bench/.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -99,7 +101,29 @@ class Stack:
             step()
 
 
+# A folder shared by every process of one test run (tests/conftest.py sets it): each tiny
+# model is built there once, by `diffq model build-tiny`, and copied where a stack wants
+# it. Its weights are fixed by the seed, so the copy is the bytes a build writes; each
+# build is a process that spends about 6 s of CPU importing torch and diffusers.
+MODEL_CACHE_ENV = "DIFFQ_TEST_MODEL_CACHE"
+
+
 def build_tiny_model(path: Path, family: str = "sd") -> Path:
+    cache = os.environ.get(MODEL_CACHE_ENV)
+    if not cache:
+        return _build(path, family)
+    built = Path(cache) / family
+    with open(Path(cache) / f"{family}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one process builds; the others wait, then copy
+        if not built.exists():
+            partial = Path(cache) / f"{family}.partial"
+            shutil.rmtree(partial, ignore_errors=True)  # a build killed half-way
+            _build(partial, family).rename(built)
+    shutil.copytree(built, path)
+    return path
+
+
+def _build(path: Path, family: str) -> Path:
     subprocess.run(
         [sys.executable, "-m", "cli", "model", "build-tiny", "--family", family, str(path)],
         check=True,

@@ -12,6 +12,8 @@ process gathers are reported once, by the process that started them.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,7 @@ import pytest
 
 from testbed.embedded import EmbeddedService
 from testbed.processes import ApiServer, ManagedProcess, start_worker
-from testbed.stack import Stack, build_tiny_video_model, start_stack
+from testbed.stack import MODEL_CACHE_ENV, Stack, build_tiny_video_model, start_stack
 from tests.faults.harness import REPORT, Figures, write_report
 
 
@@ -192,6 +194,21 @@ def process_of(nodeid: str) -> str:
     if path.startswith("tests/faults/"):
         return "faults-services" if path.rsplit("/", 1)[1] in SERVICE_FAULTS else "faults-workers"
     return f"main-{zlib.crc32(path.encode()) % 2}"
+
+
+def pytest_configure(config) -> None:
+    """The run's tiny models are built once, into a folder every process of the run
+    shares (testbed/stack.py `build_tiny_model`); pytest-xdist's processes inherit it."""
+    if not hasattr(config, "workerinput") and MODEL_CACHE_ENV not in os.environ:
+        os.environ[MODEL_CACHE_ENV] = tempfile.mkdtemp(prefix="diffq-tiny-models-")
+        config._diffq_model_cache = os.environ[MODEL_CACHE_ENV]
+
+
+def pytest_unconfigure(config) -> None:
+    cache = getattr(config, "_diffq_model_cache", None)
+    if cache:
+        shutil.rmtree(cache, ignore_errors=True)
+        os.environ.pop(MODEL_CACHE_ENV, None)
 
 
 @pytest.hookimpl(optionalhook=True)
