@@ -1,6 +1,6 @@
 """Within the broker's delivery timeout: a job that would outlast RabbitMQ's
 consumer_timeout checkpoints and hands itself back before it, on a node of its own whose
-timeout is 6 s (checked every second, as F22's), and resumes on its next delivery; its
+timeout is 8 s (checked every second, as F22's), and resumes on its next delivery; its
 model's soft_time_limit is a budget over every delivery."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from tests.faults.harness import Scenario
 
 pytestmark = [pytest.mark.faults, pytest.mark.services]
 
-TIMEOUT = 6  # seconds: the node's consumer_timeout, and the workers' setting
+TIMEOUT = 8  # seconds: the node's consumer_timeout, and the workers' setting
 # The fault catalog's tiny model (the same files, limits and defaults, so the same request
 # makes the same bytes there), on a queue of its own, with a budget of 300 s over its
-# deliveries; and one whose budget (5 s) a job spends in its second delivery.
+# deliveries; and one whose budget (6 s) a job spends in its second delivery.
 MODELS = """\
 default_model = "tiny-long"
 
@@ -49,12 +49,20 @@ default_width = 64
 default_height = 64
 max_steps = 500
 checkpoint_seconds = 0.5
-soft_time_limit = 5
-time_limit = 8
+soft_time_limit = 6
+time_limit = 9
 """
-# About 45 ms a step on this 2-core machine under the suite's load: a run of 15 s or
-# more, several consumer timeouts, each delivery handing back after at most 3 s.
-JOB = {"prompt": "f24 a lighthouse", "seed": 24, "steps": 400, "width": 64, "height": 64}
+# The most the fault catalog's tiny model takes (its twin runs there): 32 ms a step on
+# this 2-core machine idle, several times that under the suite's load, so 16 s of running
+# or more, twice the consumer timeout and more, each delivery handing back after 4 s.
+JOB = {
+    "prompt": "f24 a lighthouse",
+    "seed": 24,
+    "steps": 500,
+    "width": 128,
+    "height": 128,
+    "num_images": 4,
+}
 CLOSED = re.compile(r"delivery acknowledgement|precondition_failed", re.IGNORECASE)
 
 
@@ -133,7 +141,7 @@ def _job(api_url: str, key: str, job_id: str) -> dict:
 
 def test_f24_a_job_longer_than_the_consumer_timeout_hands_itself_back_in_time(fault_stack, private):
     """A job of several consumer timeouts: each delivery checkpoints and hands the job
-    back before `consumer_timeout - hand_back_margin` (6 - 3 s), the next resumes it; it
+    back before `consumer_timeout - hand_back_margin` (8 - 4 s), the next resumes it; it
     succeeds once, one result and one terminal change, no attempt spent; RabbitMQ never
     closed a channel for a delivery held too long; the manifest says why each resume
     came; its image is the bytes of the same job run without a hand-back."""
@@ -144,7 +152,10 @@ def test_f24_a_job_longer_than_the_consumer_timeout_hands_itself_back_in_time(fa
     rows = sc.settle(180)
     # The success's post-processing removes the checkpoint right after it records.
     wait_until(
-        lambda: [k.rsplit("/", 1)[1] for k in stack.objects_of(sc.row(job_id))] == ["0.png"],
+        lambda: (
+            sorted(k.rsplit("/", 1)[1] for k in stack.objects_of(sc.row(job_id)))
+            == ["0.png", "1.png", "2.png", "3.png"]
+        ),
         timeout=30,
         what="the checkpoint removed after the job's end",
     )
@@ -170,11 +181,19 @@ def test_f24_a_job_longer_than_the_consumer_timeout_hands_itself_back_in_time(fa
     assert fig.duplicate_generations == 0 and fig.duplicate_deliveries == 0, fig.line()
     assert fig.undelivered == 0, fig.line()
     assert private.closed_channels() == []
-    assert len(hand_backs) >= 1 and {r for _, r in hand_backs} == {"consumer_timeout"}
+    reasons = [reason for _, reason in hand_backs]
+    assert "consumer_timeout" in reasons, hand_backs
+    # A delivery's Celery soft limit (half the margin before the timeout) hands the job
+    # back too if a hand-back's step ran that late: a machine far busier than its pace.
+    assert set(reasons) <= {"consumer_timeout", "time_limit"}, hand_backs
     assert claims == len(hand_backs) + 1
     assert all(float(ran) < TIMEOUT for ran in delivered), delivered
     # Each hand-back's step is where the next run went on from, and says why.
-    assert [(r["from_step"], r.get("reason")) for r in resumes] == hand_backs
+    for (step, reason), resume in zip(hand_backs, resumes, strict=True):
+        if reason == "consumer_timeout":
+            assert (resume["from_step"], resume.get("reason")) == (step, reason), resumes
+        else:  # stopped mid-step: from its last periodic checkpoint
+            assert resume["from_step"] <= step and "reason" not in resume, resumes
     row = rows[job_id]
     assert job["attempts"] == row.attempts == 1 and row.preemptions == 0
     assert row.spent_seconds >= sum(float(ran) for ran in delivered) - 0.1 * len(delivered)
@@ -186,15 +205,15 @@ def test_f24_a_job_longer_than_the_consumer_timeout_hands_itself_back_in_time(fa
     assert twins.settle(180)[twin].status == JobStatus.SUCCEEDED
     images = []
     for api_url, done in ((private.api.url, job_id), (stack.api.url, twin)):
-        (image,) = _job(api_url, sc.key, done)["result"]["images"]
-        images.append(requests.get(image["url"], timeout=30).content)
+        made = _job(api_url, sc.key, done)["result"]["images"]
+        images.append([requests.get(image["url"], timeout=30).content for image in made])
     assert "resumes" not in _job(stack.api.url, sc.key, twin)["result"]["manifest"]
-    assert images[0] == images[1]
+    assert len(images[0]) == 4 and images[0] == images[1]
 
 
 def test_a_jobs_budget_across_deliveries_fails_it_with_timeout_once_spent(fault_stack, private):
-    """`tiny-budget`'s soft_time_limit of 5 s is running seconds over all deliveries: the
-    first delivery hands the job back after about 3 s, the second spends the rest and the
+    """`tiny-budget`'s soft_time_limit of 6 s is running seconds over all deliveries: the
+    first delivery hands the job back after about 4 s, the second spends the rest and the
     job fails with `timeout`, its message the one a single delivery's limit gives."""
     stack = fault_stack
     sc = Scenario("budget across deliveries", stack, stack.new_key(), private.api.url)
@@ -208,10 +227,10 @@ def test_a_jobs_budget_across_deliveries_fails_it_with_timeout_once_spent(fault_
     assert row.status == JobStatus.FAILED, (row.status, private.worker.log()[-3000:])
     assert job["error"] == {
         "code": "timeout",
-        "message": "the job exceeded its time limit of 5s",
+        "message": "the job exceeded its time limit of 6s",
     }
     assert len(hand_backs) >= 1
-    assert 0 < row.spent_seconds < 5
+    assert 0 < row.spent_seconds < 6
     assert job["attempts"] == 1
     assert private.closed_channels() == []
     fig = sc.count(rows)
