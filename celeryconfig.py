@@ -40,8 +40,8 @@ worker_concurrency = 1  # one process per GPU; `diffq worker` starts one worker 
 # A pool process loads its models before it reports "up"; Celery's 4 s default would kill
 # every replacement of a crashed process mid-load, forever (found by the fault suite, F1).
 worker_proc_alive_timeout = 600
-# Defaults for messages that carry none; each model's own limits ride on its messages.
-# Both stay below RabbitMQ's consumer_timeout (30 min), enforced in app/catalog.py.
+# Defaults for messages that carry none; each model's own limits ride on its messages,
+# inside RabbitMQ's consumer_timeout (app/catalog.py `delivery_limits`).
 task_soft_time_limit = 600
 task_time_limit = 660
 

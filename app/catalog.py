@@ -13,10 +13,24 @@ from app.rules import MAX_STEPS, SCHEDULER_NAMES, schedulers_for
 from app.rules import SCHEDULERS as SCHEDULER_TABLE
 
 # RabbitMQ closes the channel of a delivery left unacked for consumer_timeout (30 min by
-# default) and requeues it: a job's hard time limit must end well before that. The
-# broker's value is DIFFQ_BROKER_CONSUMER_TIMEOUT (deploy/ raises both for video models).
+# default) and requeues it. The broker's value is DIFFQ_BROKER_CONSUMER_TIMEOUT (deploy/
+# raises it for video models). A model whose jobs cannot span deliveries must end its
+# hard time limit well before it; one whose jobs checkpoint and run alone
+# (`spans_deliveries`) hands a long job back before it instead (`hand_back_margin`), and
+# its time limits are a budget across deliveries (docs/reliability.md).
 CONSUMER_TIMEOUT_SECONDS = 1800
 TIME_LIMIT_HEADROOM_SECONDS = 300
+
+
+def hand_back_margin(consumer_timeout: float) -> float:
+    """Seconds before the broker's consumer_timeout at which a delivery of a model whose
+    jobs span deliveries hands its job back (workers/checkpoints.py): room for a step
+    that runs later than its pace said, the checkpoint's upload, the hand-back's write
+    and the requeue. The larger of 60 s and a tenth of the timeout (180 s of RabbitMQ's
+    default 30 min, 720 s of 2 h), but at most half of it, so that a broker set to a few
+    seconds (the fault suite's) still leaves a delivery half its time."""
+    return min(max(60.0, consumer_timeout / 10), consumer_timeout / 2)
+
 
 DTYPES = ("float32", "float16", "bfloat16")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
@@ -122,6 +136,30 @@ class ModelSpec:
         return bool(family and family.video)
 
     @property
+    def spans_deliveries(self) -> bool:
+        """Whether one job may run over several deliveries of its message: every job
+        checkpoints (checkpoint_seconds > 0) and runs alone (max_batch = 1: a batched
+        call's jobs store no checkpoint), so a delivery nearing the broker's
+        consumer_timeout hands its job back and the next one resumes it. Its
+        soft_time_limit is then a budget of running seconds summed over deliveries."""
+        return self.checkpoint_seconds > 0 and self.max_batch == 1
+
+    def delivery_limits(self, consumer_timeout: float) -> tuple[float, float]:
+        """The (soft, hard) Celery time limits one delivery's message carries: the
+        model's own, except that a model whose jobs span deliveries has them end inside
+        the consumer_timeout, after its hand-back point: soft at a half and hard at a
+        quarter of `hand_back_margin` before the timeout (1710 s and 1755 s of 1800 s).
+        A delivery's soft limit that comes before the budget is spent hands the job back
+        rather than failing it (workers/record.py `over_time`)."""
+        if not self.spans_deliveries:
+            return self.soft_time_limit, self.time_limit
+        margin = hand_back_margin(consumer_timeout)
+        return (
+            min(self.soft_time_limit, consumer_timeout - margin / 2),
+            min(self.time_limit, consumer_timeout - margin / 4),
+        )
+
+    @property
     def min_steps(self) -> int:
         family = FAMILIES.get(self.family)
         return family.min_steps if family else 1
@@ -192,12 +230,16 @@ class ModelSpec:
             )
         if not 0 < self.soft_time_limit < self.time_limit:
             raise CatalogError(f"model {self.name!r}: need 0 < soft_time_limit < time_limit")
-        if self.time_limit > consumer_timeout - TIME_LIMIT_HEADROOM_SECONDS:
+        if (
+            not self.spans_deliveries
+            and self.time_limit > consumer_timeout - TIME_LIMIT_HEADROOM_SECONDS
+        ):
             raise CatalogError(
                 f"model {self.name!r}: time_limit {self.time_limit}s must stay below RabbitMQ's "
                 f"consumer_timeout ({consumer_timeout}s, DIFFQ_BROKER_CONSUMER_TIMEOUT) minus "
                 f"{TIME_LIMIT_HEADROOM_SECONDS}s: raise the broker's consumer_timeout and the "
-                "setting together, or lower time_limit"
+                "setting together, or lower time_limit (a model whose jobs checkpoint and run "
+                "alone, checkpoint_seconds > 0 and max_batch = 1, hands long jobs back instead)"
             )
         if self.high_priority_queue == self.queue:
             raise CatalogError(f"model {self.name!r}: high_priority_queue must differ from queue")

@@ -139,8 +139,9 @@ class Settings:
     # (app/jobs/forecast.py): your GPU nodes' time to arrive, and a margin.
     forecast_lookahead: float
     max_attempts: int
-    # RabbitMQ's consumer_timeout, seconds, as the broker is configured: every model's
-    # time_limit must end 300 s before it (app/catalog.py).
+    # RabbitMQ's consumer_timeout, seconds, as the broker is configured: a model's
+    # time_limit must end 300 s before it, unless its jobs checkpoint and run alone: those
+    # hand a delivery back before it and resume (app/catalog.py `spans_deliveries`).
     broker_consumer_timeout: int
     upload_retries: int
     upload_backoff: float

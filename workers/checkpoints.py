@@ -18,8 +18,14 @@ last one stopped on any worker that serves its model, not at step 0 (docs/reliab
   that ended otherwise (failed, canceled, or finished by another run) is removed by the
   relay's retention pass (app/housekeeping/retention.py), and an upload that ends after
   its run lost the job removes what it wrote unless the row names a checkpoint.
+- **Within the broker's delivery timeout**: at each step boundary, a delivery that would
+  pass `consumer_timeout - hand_back_margin` by its next step (app/catalog.py) hands the
+  job back as a shutdown does; the next delivery resumes it. The model's soft_time_limit
+  is a budget across deliveries (`jobs.spent_seconds`): a step that finds it spent fails
+  the job with `timeout` (`BudgetSpent`).
 
-The manifest lists every resume: the step it resumed from and the worker.
+The manifest lists every resume: the step it resumed from, the worker, and why the run
+before it went back to the queue, where it handed the job back as it stored its state.
 """
 
 from __future__ import annotations
@@ -32,12 +38,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from celery.exceptions import SoftTimeLimitExceeded
+
+from app.catalog import hand_back_margin
 from app.jobs import transitions
 from app.storage import StorageError, checkpoint_key
 from app.storage.retry import get_with_retry, put_with_retry
 from workers import denoise_state
 from workers.denoise_state import DenoiseState, StateError
 from workers.manifest import package_version
+from workers.outcome import HandBack
 
 if TYPE_CHECKING:
     from app.db.models import Job
@@ -45,6 +55,11 @@ if TYPE_CHECKING:
     from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
+
+
+class BudgetSpent(SoftTimeLimitExceeded):
+    """The job's running seconds over all its deliveries reached its soft_time_limit: it
+    ends as a Celery soft limit ends it (workers/run.py), failed with `timeout`."""
 
 
 def open_checkpoints(rt: WorkerRuntime, job: Job, model: LoadedModel) -> JobCheckpoints | None:
@@ -99,6 +114,15 @@ class JobCheckpoints:
         self.note: str | None = None  # why a checkpoint was not resumed
         self.stored_step: int | None = job.checkpoint_step
         self.saves = 0
+        # Why the run that stored the resumed state left, where it said (a hand-back).
+        self.left: str | None = None
+        # A delivery hands the job back before it would pass this many seconds; the
+        # model's soft_time_limit is a budget over every delivery (None: within one).
+        timeout = rt.settings.broker_consumer_timeout
+        self.hand_back_after = timeout - hand_back_margin(timeout)
+        spec = model.spec
+        self.budget = spec.soft_time_limit if spec.spans_deliveries else None
+        self.spent = job.spent_seconds or 0.0  # by its earlier deliveries
         self._clock = clock
         self._last = self._started = clock()
         self._first_step: int | None = None  # the first step this run computed
@@ -128,6 +152,7 @@ class JobCheckpoints:
             return
         self.resume = state
         self.history = list(state.meta.get("history") or [])
+        self.left = state.meta.get("left")
 
     def _check(self, meta: dict[str, Any]) -> None:
         for name in ("job", "model_sha256", "diffq", "kind", "scheduler"):
@@ -144,28 +169,49 @@ class JobCheckpoints:
         """The call resumed at `step`: an entry in the history (the manifest's, and every
         later checkpoint's)."""
         self._first_step, self._started = step, self._clock()  # its pace from here
-        self.history.append(
-            {
-                "from_step": step,
-                "worker": self._rt.name,
-                "at": datetime.now(UTC).isoformat(timespec="seconds"),
-            }
-        )
+        entry = {
+            "from_step": step,
+            "worker": self._rt.name,
+            "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        if self.left:  # why the run before went back (absent: it was lost)
+            entry["reason"] = self.left
+        self.history.append(entry)
 
-    # -- shutdown ----------------------------------------------------------------------
+    # -- leaving -----------------------------------------------------------------------
 
     def leaving(self, step: int, total: int) -> bool:
-        """Whether the job leaves now for a shutdown that began (the worker's SIGTERM: a
-        deploy, a spot notice) or because it was asked to yield (its model paused `now`):
-        it does when more than DIFFQ_SHUTDOWN_FINISH seconds of steps are left at this
-        run's pace; closer to its end, it finishes."""
+        """Whether the job leaves now, at this step boundary:
+        - its delivery would pass `hand_back_after` seconds by its next step at this
+          run's pace: it goes back before the broker's consumer_timeout, however near
+          its end (its last steps, decode and upload need time the margin keeps for the
+          hand-back);
+        - a shutdown began (the worker's SIGTERM: a deploy, a spot notice), or it was
+          asked to yield (its model paused `now`, an urgent job waits): it does when more
+          than DIFFQ_SHUTDOWN_FINISH seconds of steps are left at this run's pace; closer
+          to its end, it finishes.
+        Raises BudgetSpent once its running seconds over all deliveries reach its
+        model's soft_time_limit."""
         if self._first_step is None:
             self._first_step = step
             self._started = self._clock()
-        if not self._rt.leaving(self._job_id) or step >= total:
+        if step >= total:
             return False
         pace = (self._clock() - self._started) / max(1, step - self._first_step)
+        if self._delivery_ends(pace):
+            return True
+        if not self._rt.leaving(self._job_id):
+            return False
         return pace * (total - step) > self._rt.settings.shutdown_finish
+
+    def _delivery_ends(self, pace: float) -> bool:
+        ran = self._rt.delivery_seconds()
+        if self.budget is not None and self.spent + ran >= self.budget:
+            raise BudgetSpent(f"{self.spent + ran:.1f}s of running over its deliveries")
+        if ran + pace < self.hand_back_after:
+            return False
+        self._rt.yield_job(self._job_id, HandBack.CONSUMER_TIMEOUT)
+        return True
 
     # -- save --------------------------------------------------------------------------
 
@@ -178,6 +224,7 @@ class JobCheckpoints:
         self._last = self._clock()
         state.meta = {**self.meta, "history": list(self.history)}
         if leaving:  # handed back: stored before the message goes back
+            state.meta["left"] = str(self._rt.hand_back_reason(self._job_id))
             self.wait()
             self._write(state)
             return

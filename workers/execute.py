@@ -41,6 +41,7 @@ def execute_job(
     """Run the job this message starts. `open_permits(queue)`, where given, lets a
     batching model's job take further compatible messages of its queue into one pipeline
     call (docs/batching.md)."""
+    rt.begin_delivery()
     try:
         payload = parse_payload(raw_payload)
     except InvalidPayload as exc:
@@ -98,6 +99,9 @@ def execute_job(
         if model is None:
             served = f"this worker does not serve model {job.model!r}"
             return record.fail(rt, job, ErrorCode.MODEL_UNAVAILABLE, served)
+        spec = model.spec
+        if spec.spans_deliveries and job.spent_seconds >= spec.soft_time_limit:
+            return record.timed_out(rt, job, spec)  # its budget spent by earlier deliveries
         if open_permits is not None and model.spec.batches(job.request.width, job.request.height):
             return execute_batch(rt, job, model, open_permits)
         alone = run.Member(job)

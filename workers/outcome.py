@@ -22,6 +22,31 @@ class Verdict(StrEnum):
     REQUEUE = "requeue"  # handed back unfinished (shutdown): another worker takes it
 
 
+class HandBack(StrEnum):
+    """Why a run went back to the queue unfinished, without spending an attempt: said in
+    its log line, and in the manifest's entry for the run that resumed it (`reason`)."""
+
+    SHUTDOWN = "shutdown"  # the worker stops: a deploy, a spot notice
+    YIELD = "yield"  # asked to yield, heard by notification (why: the row's yield_reason)
+    PAUSED = "paused"  # its model was paused `now` (app/jobs/pauses.py)
+    PREEMPTED = "preempted"  # an urgent job waits (app/housekeeping/preemption.py)
+    # Its delivery neared the broker's consumer_timeout (app/catalog.py hand_back_margin).
+    CONSUMER_TIMEOUT = "consumer_timeout"
+    # Its delivery's Celery soft limit came while its budget across deliveries was left.
+    TIME_LIMIT = "time_limit"
+
+    @property
+    def said(self) -> str:
+        return {
+            HandBack.SHUTDOWN: "worker shutting down",
+            HandBack.YIELD: "asked to yield",
+            HandBack.PAUSED: "asked to yield: its model was paused now",
+            HandBack.PREEMPTED: "asked to yield: an urgent job waits",
+            HandBack.CONSUMER_TIMEOUT: "its delivery nears the broker's consumer_timeout",
+            HandBack.TIME_LIMIT: "its delivery's time limit came with its budget left",
+        }[self]
+
+
 @dataclass(frozen=True)
 class Outcome:
     verdict: Verdict

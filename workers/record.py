@@ -24,9 +24,10 @@ from app.db.models import Job
 from app.jobs import transitions
 from app.jobs.states import ErrorCode
 from app.metrics.instruments import GENERATION_DURATION, JOBS_FINISHED, STEP_DURATION
-from workers.outcome import Outcome, Verdict
+from workers.outcome import HandBack, Outcome, Verdict
 
 if TYPE_CHECKING:
+    from app.catalog import ModelSpec
     from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -128,17 +129,50 @@ def succeed(
 
 
 def stopped(rt: WorkerRuntime, job: Job, step: int) -> Outcome:
-    """The run stopped at a step: handed back (a shutdown, a yield), or no longer ours."""
+    """The run stopped at a step: handed back (a shutdown, a yield, its delivery near the
+    broker's consumer_timeout), or no longer ours. A hand-back adds the delivery's
+    running seconds to the job's (`spent_seconds`)."""
     extra = {"job_id": str(job.id)}
-    if rt.handing_back(job.id):
-        why = "worker shutting down" if rt.hand_back_requested.is_set() else "asked to yield"
-        handed = record(rt, lambda s: transitions.hand_back(s, job.id, owner=rt.owner))
+    reason = rt.hand_back_reason(job.id)
+    if reason is not None:
+        ran = rt.delivery_seconds()
+        handed = record(
+            rt, lambda s: transitions.hand_back(s, job.id, owner=rt.owner, spent_seconds=ran)
+        )
         if handed:
-            log.warning("job %s handed back at step %s: %s", job.id, step, why, extra=extra)
-            return Outcome(Verdict.REQUEUE, f"handed back: {why}")
+            routine = reason == HandBack.CONSUMER_TIMEOUT  # by design, every so often
+            log.log(
+                logging.INFO if routine else logging.WARNING,
+                "job %s handed back at step %s: %s (%s; this delivery ran %.1fs)",
+                job.id,
+                step,
+                reason.said,
+                reason.value,
+                ran,
+                extra=extra,
+            )
+            return Outcome(Verdict.REQUEUE, f"handed back: {reason.said}")
     # Canceled, taken over by a redelivery, or reaped: the row already says which.
     log.info("job %s stopped at step %s: no longer held (canceled?)", job.id, step, extra=extra)
     return Outcome(Verdict.DISCARD, "stopped: job no longer held")
+
+
+def timed_out(rt: WorkerRuntime, job: Job, spec: ModelSpec) -> Outcome:
+    message = f"the job exceeded its time limit of {spec.soft_time_limit}s"
+    return fail(rt, job, ErrorCode.TIMEOUT, message)
+
+
+def over_time(rt: WorkerRuntime, job: Job, spec: ModelSpec, step: int) -> Outcome:
+    """Its soft time limit came: Celery's for this delivery, or its budget across
+    deliveries (workers/checkpoints.py BudgetSpent). A job whose delivery's limit is below
+    its model's own (app/catalog.py `delivery_limits`) goes back to the queue while its
+    budget lasts, to resume from its last checkpoint; otherwise it fails with `timeout`."""
+    left = spec.soft_time_limit - (job.spent_seconds or 0.0) - rt.delivery_seconds()
+    delivery_soft, _ = spec.delivery_limits(rt.settings.broker_consumer_timeout)
+    if delivery_soft < spec.soft_time_limit and left > 0:
+        rt.yield_job(job.id, HandBack.TIME_LIMIT)
+        return stopped(rt, job, step)
+    return timed_out(rt, job, spec)
 
 
 def crashed(rt: WorkerRuntime, job: Job, exc: Exception) -> Outcome:
@@ -170,7 +204,7 @@ def job_writes(
                 lease_seconds=rt.settings.lease_seconds,
             )
         if written.yield_reason is not None:  # heard here where no NOTIFY told it first
-            rt.yield_job(job_id)
+            rt.yield_job(job_id, written.yield_reason)
         return written.held
 
     def renew() -> bool:

@@ -140,11 +140,10 @@ def _generate(rt: WorkerRuntime, model: LoadedModel, members: list[Member]) -> N
         rt.adapter_memory.ran(request.loras, request.adapter_set)
     except call.Interrupted:
         outputs = [None] * len(running)
-    except SoftTimeLimitExceeded:
-        limit = model.spec.soft_time_limit
+    except SoftTimeLimitExceeded:  # Celery's for this delivery, or its budget's
         for member in running:
-            message = f"the job exceeded its time limit of {limit}s"
-            decide(member, record.fail(rt, member.job, ErrorCode.TIMEOUT, message))
+            step = member.reporter.last_step
+            decide(member, record.over_time(rt, member.job, model.spec, step))
         return
     except Exception as exc:
         if isinstance(exc, DBAPIError) and not isinstance(exc, DataError):

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Mapping
 
@@ -22,6 +23,7 @@ from workers.adapters import AdapterMemory
 from workers.devices import configure_cpu_threads, select_device
 from workers.footprint import device_budget, estimate_bytes
 from workers.models import ModelCache
+from workers.outcome import HandBack
 from workers.pipelines import LoadedModel, load_model, model_identity, resolve_dtype, warm_up
 from workers.postprocess import PostProcessor
 from workers.record import record
@@ -61,8 +63,12 @@ class WorkerRuntime(Services):
         # cancel notification, a lost lease, or a shutdown that outlasts its grace.
         self._running: dict[uuid.UUID, threading.Event] = {}
         # Running jobs asked to checkpoint and go back to the queue at their next step
-        # (their model paused `now`: app/jobs/pauses.py), as a shutdown's drain does.
-        self._yielding: set[uuid.UUID] = set()
+        # (their model paused `now`: app/jobs/pauses.py; an urgent job waits; their
+        # delivery nears the broker's consumer_timeout), as a shutdown's drain does; why.
+        self._yielding: dict[uuid.UUID, HandBack] = {}
+        # When the delivery being run began (time.monotonic(), set by workers/execute.py):
+        # the broker's consumer_timeout and the Celery time limits count from it.
+        self.delivery_started = time.monotonic()
         # LoRA adapters held in CPU memory (workers/adapters.py); each model's pipeline
         # keeps its own loaded ones.
         self.adapter_memory = AdapterMemory(settings.adapter_cache_bytes)
@@ -112,7 +118,15 @@ class WorkerRuntime(Services):
 
     def release(self, job_id: uuid.UUID) -> None:
         self._running.pop(job_id, None)
-        self._yielding.discard(job_id)
+        self._yielding.pop(job_id, None)
+
+    def begin_delivery(self) -> None:
+        """A delivery of a message starts now (its clock: `delivery_seconds`)."""
+        self.delivery_started = time.monotonic()
+
+    def delivery_seconds(self) -> float:
+        """How long the delivery being run has held its message."""
+        return time.monotonic() - self.delivery_started
 
     @property
     def running(self) -> list[uuid.UUID]:
@@ -125,10 +139,15 @@ class WorkerRuntime(Services):
             elif payload == f"{YIELD_PREFIX}{job_id}":
                 self.yield_job(job_id)
 
-    def yield_job(self, job_id: uuid.UUID) -> None:
-        """Ask a running job to checkpoint and go back to the queue at its next step."""
-        if job_id in self._running:
-            self._yielding.add(job_id)
+    def yield_job(self, job_id: uuid.UUID, reason: str = HandBack.YIELD) -> None:
+        """Ask a running job to checkpoint and go back to the queue at its next step;
+        `reason` (a HandBack: a row's yield_reason names one) is kept for its hand-back, the
+        first one given unless a bare notification's came first."""
+        if job_id not in self._running:
+            return
+        if self._yielding.get(job_id, HandBack.YIELD) == HandBack.YIELD:
+            known = reason in HandBack.__members__.values()
+            self._yielding[job_id] = HandBack(reason) if known else HandBack.YIELD
 
     def leaving(self, job_id: uuid.UUID) -> bool:
         """Whether the job should leave at its next step if it checkpoints and would not
@@ -138,7 +157,14 @@ class WorkerRuntime(Services):
     def handing_back(self, job_id: uuid.UUID) -> bool:
         """Whether a stop of this job returns it to the queue (rather than dropping it:
         canceled or taken over)."""
-        return self.hand_back_requested.is_set() or job_id in self._yielding
+        return self.hand_back_reason(job_id) is not None
+
+    def hand_back_reason(self, job_id: uuid.UUID) -> HandBack | None:
+        """Why a stop of this job returns it to the queue; None: it is dropped."""
+        reason = self._yielding.get(job_id)
+        if reason is None and self.hand_back_requested.is_set():
+            return HandBack.SHUTDOWN
+        return reason
 
     def request_drain(self) -> None:
         """A shutdown began: start no further job; hand back the checkpointed ones that

@@ -179,7 +179,9 @@ class Publisher:
 
     def _job_options(self, job: Job, spec: ModelSpec | None) -> dict:
         spec = spec or self.catalog.get(job.model)
-        soft, hard = (spec.soft_time_limit, spec.time_limit) if spec else (None, None)
+        # Inside the broker's consumer_timeout for a model whose jobs span deliveries.
+        timeout = self.broker.settings.broker_consumer_timeout
+        soft, hard = spec.delivery_limits(timeout) if spec else (None, None)
         return {
             "task_id": str(job.id),
             "priority": job.publish_priority,

@@ -280,6 +280,11 @@ class Job(Base):
     # Times the job yielded to an urgent one (app/housekeeping/preemption.py); at most
     # DIFFQ_MAX_PREEMPTIONS, after which it runs to its end.
     preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    # Running seconds its earlier deliveries spent: each hand-back adds its delivery's
+    # (a lost run's time is not known, and adds nothing). For a model whose jobs span
+    # deliveries, its soft_time_limit is a budget of these and the running delivery's
+    # (app/catalog.py `spans_deliveries`, workers/checkpoints.py).
+    spent_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default=text("0"))
 
     @property
     def request(self) -> JobRequest:

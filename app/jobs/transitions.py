@@ -358,9 +358,13 @@ def renew_lease(session: Session, job_id: uuid.UUID, *, owner: str, lease_second
     return result.rowcount == 1
 
 
-def hand_back(session: Session, job_id: uuid.UUID, *, owner: str) -> bool:
-    """A worker shutting down, or a run asked to yield (`request_yield`), returns its
-    unfinished job to the queue without spending an attempt: neither is the job's fault."""
+def hand_back(
+    session: Session, job_id: uuid.UUID, *, owner: str, spent_seconds: float = 0.0
+) -> bool:
+    """A worker shutting down, a run asked to yield (`request_yield`), or a delivery
+    nearing the broker's consumer_timeout returns its unfinished job to the queue without
+    spending an attempt: none is the job's fault. `spent_seconds`: the delivery's running
+    seconds, added to the job's (its time budget across deliveries)."""
     return change(
         session,
         job_id,
@@ -368,6 +372,7 @@ def hand_back(session: Session, job_id: uuid.UUID, *, owner: str) -> bool:
         Job.lease_owner == owner,
         status=JobStatus.QUEUED,
         attempts=Job.attempts - 1,
+        spent_seconds=Job.spent_seconds + spent_seconds,
         lease_owner=None,
         lease_expires_at=None,
         progress=progress_of("queued"),

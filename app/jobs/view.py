@@ -227,6 +227,15 @@ class ResumeSchema(ma.Schema):
     from_step = fields.Integer(metadata={"description": "The step it went on from.", "example": 64})
     worker = fields.String(metadata={"example": "gpu0@node-7"})
     at = fields.String(metadata={"example": "2026-11-28T15:02:11+00:00"})
+    reason = fields.String(
+        metadata={
+            "description": "Why the run before it went back to the queue, where it handed the "
+            "job back as it stored the state: consumer_timeout (its delivery neared the "
+            "broker's consumer_timeout), shutdown, paused, preempted, yield. Absent: that run "
+            "was lost (a killed worker) or went back from an earlier checkpoint.",
+            "example": "consumer_timeout",
+        }
+    )
 
 
 class ManifestSchema(ma.Schema):
@@ -270,7 +279,8 @@ class ManifestSchema(ma.Schema):
         fields.Nested(ResumeSchema),
         metadata={
             "description": "Each time a run of the job resumed from its checkpoint (after a "
-            "worker was lost, a shutdown or a spot notice), in order; absent: it ran from "
+            "worker was lost, a shutdown or a spot notice, a yield, or a delivery handed "
+            "back before the broker's consumer_timeout), in order; absent: it ran from "
             "its first step. The images are the bytes an uninterrupted run makes."
         },
     )
@@ -398,7 +408,13 @@ class JobSchema(ma.Schema):
         },
     )
     priority = fields.String(metadata={"description": "low, normal or high."})
-    attempts = fields.Integer()
+    attempts = fields.Integer(
+        metadata={
+            "description": "Runs that spent an attempt (at most DIFFQ_MAX_ATTEMPTS): a run "
+            "handed back unfinished (a shutdown, a yield, a delivery near the broker's "
+            "consumer_timeout) spends none; `result.manifest.resumes` lists each resume."
+        }
+    )
     result = fields.Nested(ResultSchema, allow_none=True)
     error = fields.Nested(
         JobErrorSchema,

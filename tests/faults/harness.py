@@ -43,6 +43,7 @@ FLOORS = {
     "F21": 3,  # kill -9 of a pool process mid-clip (video)
     "F22": 1,  # a delivery held past RabbitMQ's consumer_timeout
     "F23": 1,  # a spot notice (SIGTERM) mid-clip: checkpointed, handed back, resumed
+    "F24": 1,  # a job longer than consumer_timeout, handed back before it (each a delivery)
 }
 
 

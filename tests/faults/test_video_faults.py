@@ -1,6 +1,8 @@
 """Video jobs under faults: a worker killed mid-clip, and RabbitMQ's consumer_timeout (the
 channel of a delivery left unacked too long is closed and the message requeued), with
-the catalog check that keeps every model's time limit inside it."""
+the catalog check that keeps the time limit of every model whose jobs cannot span
+deliveries inside it (those that checkpoint hand back before it:
+tests/faults/test_delivery_handback.py)."""
 
 from __future__ import annotations
 
@@ -325,6 +327,7 @@ default_height = 64
 default_steps = 2
 soft_time_limit = 1550
 time_limit = 1600
+checkpoint_seconds = 0
 """
 
 
@@ -351,14 +354,18 @@ def _worker(env: dict[str, str], logs, name: str, model: str) -> tuple[ManagedPr
 
 
 def test_a_time_limit_past_the_consumer_timeout_is_refused(fault_stack, tmp_path):
-    """A model whose time_limit does not end 300 s before the broker's consumer_timeout
+    """A model whose jobs cannot span deliveries (no checkpoints, or batched) and whose
+    time_limit does not end 300 s before the broker's consumer_timeout
     (DIFFQ_BROKER_CONSUMER_TIMEOUT, 1800 s by default) would have its messages requeued
     mid-job (test_f22): its worker refuses to start, naming consumer_timeout. With the
     setting raised (the broker's consumer_timeout raised with it) the worker starts; with
-    it lowered, models that fit the default are refused."""
+    it lowered, a batching model that fits the default is refused. The same model with
+    checkpoints fits the default: its deliveries hand back before the timeout."""
     from kombu import Connection
 
     from app.broker.topology import declare_topology
+    from app.catalog import load_catalog
+    from app.config import load_settings
 
     stack = fault_stack
     models = tmp_path / "models.toml"
@@ -372,12 +379,18 @@ def test_a_time_limit_past_the_consumer_timeout_is_refused(fault_stack, tmp_path
     assert "consumer_timeout" in refused.log() and "'tiny-long'" in refused.log()
     assert "time_limit 1600s" in refused.log()
 
+    # The fault catalog's tiny-batch (time_limit 90 s, max_batch 4) past 380 - 300 s.
     lowered, outcome = _worker(
-        {**stack.env, "DIFFQ_BROKER_CONSUMER_TIMEOUT": "400"}, tmp_path, "worker-low", "tiny"
+        {**stack.env, "DIFFQ_BROKER_CONSUMER_TIMEOUT": "380"}, tmp_path, "worker-low", "tiny"
     )
-    print(f"setting 400: {outcome}, exit {lowered.process.returncode}: {lowered.log()}")
+    print(f"setting 380: {outcome}, exit {lowered.process.returncode}: {lowered.log()}")
     assert outcome == "exited" and lowered.process.returncode == 2, lowered.log()
-    assert "consumer_timeout" in lowered.log() and "'tiny'" in lowered.log()
+    assert "consumer_timeout" in lowered.log() and "'tiny-batch'" in lowered.log()
+
+    models.write_text(LONG_MODEL.replace("checkpoint_seconds = 0\n", "").format(tiny="/m"))
+    spans = load_catalog(load_settings(env)).models["tiny-long"]
+    assert spans.spans_deliveries and spans.time_limit == 1600
+    models.write_text(LONG_MODEL.format(tiny=stack.logs.parent / "models" / "tiny"))
 
     with Connection(stack.env["DIFFQ_BROKER_URL"]) as conn:
         declare_topology(conn, ["gpu.tiny-long"])

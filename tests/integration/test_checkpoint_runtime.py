@@ -530,3 +530,119 @@ def test_preemption_spares_a_job_at_its_cap_and_a_high_one(runtime, db, monkeypa
     print(f"{spared}: asked {asked}")
     assert asked == [0]
     assert _row(db, job_id).status == JobStatus.SUCCEEDED
+
+
+def _long_model(runtime, monkeypatch):
+    """The tiny model with a budget of ten consumer timeouts: its deliveries hand back."""
+    model = runtime.models["tiny"]
+    timeout = runtime.settings.broker_consumer_timeout
+    spec = replace(model.spec, soft_time_limit=10 * timeout, time_limit=10 * timeout + 60)
+    assert spec.spans_deliveries and spec.delivery_limits(timeout)[0] < spec.soft_time_limit
+    monkeypatch.setattr(model, "spec", spec)
+    return timeout
+
+
+def test_a_delivery_near_the_consumer_timeout_hands_its_job_back_and_the_next_resumes(
+    runtime, db, monkeypatch, reference
+):
+    """Its delivery's clock past `consumer_timeout - hand_back_margin` at step 5: the job
+    stores its state and goes back (no attempt spent, no preemption counted, the
+    delivery's seconds added to its budget's); the next delivery resumes at step 5, says
+    why in the manifest, and makes the uninterrupted run's bytes."""
+    expected = reference(seed=120)
+    timeout = _long_model(runtime, monkeypatch)
+    job_id, payload = _new_job(db, seed=120)
+
+    def late(n: int) -> None:
+        if n == 5 and not calls.late:  # as if it had held its message a whole timeout
+            calls.late = True
+            runtime.delivery_started -= timeout
+
+    calls = DenoiserCalls(monkeypatch, runtime.models["tiny"].pipeline.unet, at_call=late)
+    calls.late = False
+    outcome = _finish(runtime, payload)
+    handed = _row(db, job_id)
+    print(f"{outcome.reason}; checkpoint {handed.checkpoint_step}; {handed.spent_seconds:.1f}s")
+    assert outcome.verdict == execute.Verdict.REQUEUE
+    assert "consumer_timeout" in outcome.reason
+    assert handed.status == JobStatus.QUEUED and handed.checkpoint_step == 5
+    assert handed.attempts == 0 and handed.preemptions == 0
+    assert timeout <= handed.spent_seconds < timeout + 60
+    assert calls.count == 5
+    state = denoise_state.loads(runtime.storage.get(checkpoint_key(handed.tenant_id, job_id)))
+    assert state.meta["left"] == "consumer_timeout"
+
+    _finish(runtime, payload, redelivered=True)
+    done = _row(db, job_id)
+    resumes = done.manifest["resumes"]
+    print(f"resumed: {resumes}")
+    assert done.status == JobStatus.SUCCEEDED and done.attempts == 1
+    assert [(r["from_step"], r["reason"]) for r in resumes] == [(5, "consumer_timeout")]
+    assert _image(runtime, done) == expected
+    assert done.spent_seconds == handed.spent_seconds  # only a hand-back adds
+
+
+def test_a_deliverys_soft_limit_with_budget_left_hands_the_job_back(
+    runtime, db, monkeypatch, reference
+):
+    """Celery's soft limit of one delivery (inside the consumer_timeout, below the model's
+    budget) comes mid-step: the job goes back to the queue rather than failing, and runs
+    again from its last checkpoint (none here: from its first step, the same bytes). A
+    model whose delivery carries its own limit fails with `timeout` as before."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    expected = reference(seed=121)
+    _long_model(runtime, monkeypatch)
+    job_id, payload = _new_job(db, seed=121)
+
+    def soft_limit(n: int) -> None:
+        if n == 5:
+            raise SoftTimeLimitExceeded()
+
+    unet = runtime.models["tiny"].pipeline.unet
+    DenoiserCalls(monkeypatch, unet, at_call=soft_limit)
+    outcome = _finish(runtime, payload)
+    handed = _row(db, job_id)
+    print(f"{outcome.reason}; {handed.spent_seconds:.2f}s spent")
+    assert outcome.verdict == execute.Verdict.REQUEUE and "time limit" in outcome.reason
+    assert handed.status == JobStatus.QUEUED and handed.attempts == 0
+    assert handed.spent_seconds > 0
+    monkeypatch.undo()
+    _finish(runtime, payload, redelivered=True)
+    done = _row(db, job_id)
+    assert done.status == JobStatus.SUCCEEDED and _image(runtime, done) == expected
+
+    own_id, own_payload = _new_job(db, seed=122)  # the tiny model's own limits (60 s)
+    DenoiserCalls(monkeypatch, unet, at_call=soft_limit)
+    outcome = _finish(runtime, own_payload)
+    failed = _row(db, own_id)
+    assert outcome.verdict == execute.Verdict.DEAD_LETTER
+    assert failed.status == JobStatus.FAILED and failed.error_code == "timeout"
+    assert failed.error_message == "the job exceeded its time limit of 60s"
+
+
+@pytest.mark.parametrize("when", ["at its start", "at a step"])
+def test_a_spent_budget_across_deliveries_fails_the_job_with_timeout(
+    runtime, db, monkeypatch, when
+):
+    """The model's soft_time_limit (60 s for the tiny model) is a budget of running
+    seconds over every delivery: a delivery that starts with it spent fails the job
+    without a step; one that spends it fails the job at its next step boundary."""
+    job_id, payload = _new_job(db, seed=130 + (when == "at a step"))
+    limit = runtime.models["tiny"].spec.soft_time_limit
+    with db.session() as session:
+        session.get(Job, job_id).spent_seconds = limit if when == "at its start" else limit / 2
+
+    def spend(n: int) -> None:
+        if n == 5:  # the rest of the budget spent by this delivery
+            runtime.delivery_started -= limit / 2
+
+    calls = DenoiserCalls(monkeypatch, runtime.models["tiny"].pipeline.unet, at_call=spend)
+    outcome = _finish(runtime, payload)
+    failed = _row(db, job_id)
+    print(f"{when}: {outcome.reason}; denoiser calls {calls.count}")
+    assert outcome.verdict == execute.Verdict.DEAD_LETTER
+    assert failed.status == JobStatus.FAILED and failed.error_code == "timeout"
+    assert failed.error_message == f"the job exceeded its time limit of {limit}s"
+    assert failed.attempts == 1 and failed.checkpoint_step is None
+    assert calls.count == (0 if when == "at its start" else 5)

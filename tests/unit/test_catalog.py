@@ -43,7 +43,14 @@ def test_entries_get_their_own_queue_and_relative_paths_resolve(tmp_path):
 @pytest.mark.parametrize(
     ("table", "fragment"),
     [
-        ('path = "/m"\ntime_limit = 1700\nsoft_time_limit = 1600', "consumer_timeout"),
+        (
+            'path = "/m"\ntime_limit = 1700\nsoft_time_limit = 1600\ncheckpoint_seconds = 0',
+            "consumer_timeout",
+        ),
+        (
+            'path = "/m"\ntime_limit = 1700\nsoft_time_limit = 1600\nmax_batch = 2',
+            "consumer_timeout",
+        ),
         ('path = "/m"\nsoft_time_limit = 700\ntime_limit = 600', "soft_time_limit < time_limit"),
         ('path = "/m"\ndtype = "int8"', "dtype"),
         ('path = "/m"\nwidth = 512', "unknown keys"),

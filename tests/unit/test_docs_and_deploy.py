@@ -104,14 +104,17 @@ def test_the_deployed_broker_and_workers_agree_on_the_consumer_timeout():
 
 
 def test_a_time_limit_past_the_brokers_consumer_timeout_is_refused(tmp_path):
+    """Unless the model's jobs checkpoint and run alone: those hand a delivery back before
+    the timeout and resume (tests/unit/test_delivery_timeout.py)."""
     from app.catalog import CatalogError
 
     models = tmp_path / "models.toml"
-    models.write_text(
-        '[models.wan]\npath = "/m"\nfamily = "wan"\nsoft_time_limit = 3000\ntime_limit = 3300\n'
-    )
+    table = '[models.wan]\npath = "/m"\nfamily = "wan"\nsoft_time_limit = 3000\ntime_limit = 3300\n'
+    models.write_text(table + "checkpoint_seconds = 0\n")
     env = {"DIFFQ_HOME": str(tmp_path), "DIFFQ_MODELS_FILE": str(models)}
     with pytest.raises(CatalogError, match="DIFFQ_BROKER_CONSUMER_TIMEOUT"):
         load_catalog(load_settings(env))
     raised = load_catalog(load_settings({**env, "DIFFQ_BROKER_CONSUMER_TIMEOUT": "7200"}))
     assert raised.models["wan"].time_limit == 3300
+    models.write_text(table)  # checkpoints every 60 s, by default
+    assert load_catalog(load_settings(env)).models["wan"].spans_deliveries
