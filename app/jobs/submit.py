@@ -203,6 +203,7 @@ def _job_values(tenant_id: uuid.UUID, submission: Submission, cache_key: str | N
         "warm_skips": 0,
         "requeues": 0,
         "preemptions": 0,
+        "spent_seconds": 0.0,
         "client_metadata": submission.metadata,
         "progress": progress_of("queued", 0, request.denoise_steps),
         "attempts": 0,
