@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from app.kinds import JobRequest
 
 CACHE_WHERE = "status = 'succeeded' AND data_removed_at IS NULL AND cache_key IS NOT NULL"
+DEADLINE_WHERE = "deadline_at IS NOT NULL AND status IN ('queued', 'running')"
 
 
 def new_webhook_secret() -> str:
@@ -190,6 +191,28 @@ class Job(Base):
             "created_at",
             postgresql_where=text("published_at IS NULL AND status = 'queued'"),
             sqlite_where=text("published_at IS NULL AND status = 'queued'"),
+        ),
+        # The relay's scans that must not read the history (docs/history.md): finished
+        # jobs' left checkpoints (retention), queued and running jobs by deadline
+        # (deadlines), waiting jobs oldest first (priority aging).
+        Index(
+            "ix_jobs_checkpointed",
+            "status",
+            postgresql_where=text("checkpoint_step IS NOT NULL"),
+            sqlite_where=text("checkpoint_step IS NOT NULL"),
+        ),
+        Index(
+            "ix_jobs_deadline",
+            "deadline_at",
+            postgresql_where=text(DEADLINE_WHERE),
+            sqlite_where=text(DEADLINE_WHERE),
+        ),
+        Index(
+            "ix_jobs_waiting",
+            "created_at",
+            "id",
+            postgresql_where=text("status = 'queued' AND admitted_at IS NOT NULL"),
+            sqlite_where=text("status = 'queued' AND admitted_at IS NOT NULL"),
         ),
     )
 

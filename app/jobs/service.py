@@ -164,7 +164,10 @@ def expired_job_ids(session: Session, limit: int = 500) -> list[uuid.UUID]:
 def starving_job_ids(
     session: Session, *, waited_seconds: float, below: int, limit: int = 100
 ) -> list[uuid.UUID]:
-    """Queued jobs that have waited longer than `waited_seconds` at a priority below `below`."""
+    """Queued jobs that have waited longer than `waited_seconds` at a priority below `below`,
+    oldest first. In the order of the waiting jobs' index (`ix_jobs_waiting`), the scan
+    stops at the first job younger than that: it reads the jobs due, never the history,
+    nor every job waiting."""
     query = (
         select(Job.id)
         .where(
@@ -173,7 +176,7 @@ def starving_job_ids(
             Job.publish_priority < below,
             Job.created_at < utcnow() - timedelta(seconds=waited_seconds),
         )
-        .order_by(Job.id)
+        .order_by(Job.created_at, Job.id)
         .limit(limit)
     )
     return list(session.scalars(query))
