@@ -29,7 +29,9 @@ def _bin(name: str) -> str:
 class PrivatePostgres:
     """initdb + pg_ctl in a folder of its own; trust auth on 127.0.0.1 only."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: dict[str, str] | None = None) -> None:
+        """`settings`: server settings (`-c name=value`) beyond the defaults below."""
+        self.settings = {"max_connections": "200", **(settings or {})}
         # Not under pytest's 0700 temp root: when we are root the server runs as postgres.
         self.root = Path(tempfile.mkdtemp(prefix="diffq-pg-"))
         self.data = self.root / "data"
@@ -65,7 +67,7 @@ class PrivatePostgres:
         started = time.monotonic()
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.root}"
-            " -c max_connections=200"
+            + "".join(f" -c {name}={value}" for name, value in self.settings.items())
         )
         self._run(
             _bin("pg_ctl"),

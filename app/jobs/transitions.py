@@ -48,20 +48,38 @@ def change(session: Session, job_id: uuid.UUID, *conditions: ColumnElement, **va
     return _change(session, job_id, *conditions, **values) is not None
 
 
-def _change(session: Session, job_id: uuid.UUID, *conditions: ColumnElement, **values):
+def _change(
+    session: Session,
+    job_id: uuid.UUID,
+    *conditions: ColumnElement,
+    carry_progress: bool = False,
+    **values,
+):
     """`change`, returning the changed row's (queue, webhook_url, webhook_events,
-    yield_reason) or None."""
+    yield_reason, version) or None. `carry_progress`: a change of progress alone carries
+    the new progress in its notification (app/jobs/notify.py)."""
     row = session.execute(
         update(Job)
         .where(Job.id == job_id, *conditions)
         .values(version=Job.version + 1, updated_at=clock.now(session), **values)
-        .returning(Job.queue, Job.webhook_url, Job.webhook_events, Job.yield_reason)
+        .returning(Job.queue, Job.webhook_url, Job.webhook_events, Job.yield_reason, Job.version)
     ).first()
     if row is None:
         return None
-    queue, webhook_url, webhook_events, _ = row
+    queue, webhook_url, webhook_events, _, version = row
     moved = "status" in values or "publish_priority" in values
-    notify(session, JOB_CHANNEL, job_changed_payload(job_id, queue, moved))
+    carried = values.get("progress") if carry_progress else None
+    notify(
+        session,
+        JOB_CHANNEL,
+        job_changed_payload(
+            job_id,
+            queue,
+            moved,
+            version=version,
+            progress=carried if isinstance(carried, dict) else None,
+        ),
+    )
     status = values.get("status")
     changes.emit(
         session,
@@ -154,9 +172,11 @@ def record_progress(
     owner: str,
     progress: dict[str, Any],
     lease_seconds: float,
+    carry: bool = True,
 ) -> Progressed:
     """Write progress and renew the lease; false if this owner no longer holds the job
     (it was canceled, or another delivery took it over), with the yield asked of it.
+    `carry`: the notification carries the progress (DIFFQ_NOTIFY_CARRIES_PROGRESS).
 
     Progress is not worth a WAL flush: a crash that loses the last write loses nothing the
     next write does not restore, so the commit does not wait for the disk.
@@ -167,6 +187,7 @@ def record_progress(
         job_id,
         Job.status == JobStatus.RUNNING,
         Job.lease_owner == owner,
+        carry_progress=carry,
         progress=progress,
         lease_expires_at=clock.after(session, lease_seconds),
     )

@@ -29,22 +29,47 @@ class Subscription:
         self.job_id = job_id
         self.queue: str | None = None
         self._event = threading.Event()
+        self._lock = threading.Lock()
         self._own_change = False
+        # The job's own changes since the last wait, each (version, progress) where its
+        # notification carried them, else None; `changes` holds those the last wait took.
+        self._changes: list[tuple[int, dict] | None] = []
+        self.changes: list[tuple[int, dict] | None] = []
         self._watcher = watcher
 
-    def wake(self, own: bool = True) -> None:
-        """`own`: the job itself changed; otherwise only its queue moved."""
-        self._own_change = self._own_change or own
-        self._event.set()
+    def wake(self, own: bool = True, carried: tuple[int, dict] | None = None) -> None:
+        """`own`: the job itself changed (`carried`: its new version and progress, where
+        the notification carried them); otherwise only its queue moved."""
+        with self._lock:
+            if own:
+                self._changes.append(carried)
+            self._own_change = self._own_change or own
+            self._event.set()
 
     def wait(self, timeout: float) -> str | None:
         """ "job" if the job changed, "queue" if only its queue moved, None on timeout."""
         woke = self._event.wait(timeout)
-        self._event.clear()
-        own, self._own_change = self._own_change, False
+        with self._lock:
+            self._event.clear()
+            own, self._own_change = self._own_change, False
+            self.changes, self._changes = self._changes, []
         if not woke:
             return None
         return "job" if own else "queue"
+
+    def carried_since(self, version: int) -> tuple[int, dict] | None:
+        """After a wait: the job's version and progress now, when every change since
+        `version` was a progress write whose notification carried it, one version after
+        the other; None when the row must be read (any other change, a gap, a reconnect).
+        Notifications arrive in commit order, and each change of a job adds one to its
+        version, so a gapless run of carried progress is all that changed."""
+        if not self.changes:
+            return None
+        for change in self.changes:
+            if change is None or change[0] != version + 1:
+                return None
+            version = change[0]
+        return self.changes[-1]
 
     def follow_queue(self, queue: str | None) -> None:
         """While the job is queued, also wake on changes that move `queue`."""
@@ -103,7 +128,12 @@ class JobWatcher:
             if sub.job_id not in self._by_job:
                 self._versions.pop(sub.job_id, None)
 
-    def _wake(self, job_id: uuid.UUID | None, queue: str | None = None) -> None:
+    def _wake(
+        self,
+        job_id: uuid.UUID | None,
+        queue: str | None = None,
+        carried: tuple[int, dict] | None = None,
+    ) -> None:
         with self._lock:
             if job_id is None and queue is None:
                 own = {s for subs in self._by_job.values() for s in subs}
@@ -111,7 +141,7 @@ class JobWatcher:
                 own = set(self._by_job.get(job_id, ()))
             moved = set(self._by_queue.get(queue, ())) - own
         for sub in own:
-            sub.wake(own=True)
+            sub.wake(own=True, carried=carried)
         for sub in moved:
             sub.wake(own=False)
 
@@ -119,10 +149,14 @@ class JobWatcher:
         if payload is None:
             self._wake(None)  # reconnected: changes may have been missed
             return
-        parsed = parse_job_changed(payload)
-        if parsed is not None:
-            job_id, queue, order_changed = parsed
-            self._wake(job_id, queue if order_changed else None)
+        change = parse_job_changed(payload)
+        if change is not None:
+            carried = (
+                (change.version, change.progress)
+                if change.version is not None and change.progress is not None
+                else None
+            )
+            self._wake(change.job_id, change.queue if change.order_changed else None, carried)
 
     def _ensure_started(self) -> None:
         with self._lock:

@@ -132,12 +132,27 @@ def job_events(
             if job.status.terminal:
                 return
             subscription.follow_queue(job.queue if queued else None)
-            refreshed = time.monotonic()
-            if subscription.wait(keepalive) == "queue":
-                # A busy queue wakes its waiting streams often: at most one re-read a second.
-                time.sleep(max(0.0, QUEUED_MIN_REFRESH_SECONDS - (time.monotonic() - refreshed)))
-            if time.monotonic() - last_write >= keepalive:
-                yield None
+            running = job.status == JobStatus.RUNNING
+            while True:  # until the row must be read again
+                refreshed = time.monotonic()
+                woke = subscription.wait(keepalive)
+                if woke == "queue":
+                    # A busy queue wakes its waiting streams often: at most one re-read a
+                    # second.
+                    time.sleep(
+                        max(0.0, QUEUED_MIN_REFRESH_SECONDS - (time.monotonic() - refreshed))
+                    )
+                if time.monotonic() - last_write >= keepalive:
+                    yield None
+                # A running job's progress writes, carried by their notifications, are sent
+                # on without reading the row (app/jobs/notify.py).
+                carried = subscription.carried_since(last_seen) if running else None
+                if carried is None:
+                    break
+                last_seen, progress = carried
+                if progress != sent_progress:
+                    yield ("progress", last_seen, progress)
+                    sent_progress, last_write = progress, time.monotonic()
                 last_write = time.monotonic()
     finally:
         subscription.close()

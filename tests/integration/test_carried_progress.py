@@ -1,0 +1,114 @@
+"""A running job's progress reaches its event stream from the notification alone, on
+PostgreSQL: no row is read per progress write (docs/scale.md), and what is sent is what
+a read would have sent."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import uuid
+from dataclasses import replace
+
+import pytest
+
+from app.jobs import service, transitions
+from app.jobs.states import Priority
+from app.keys import get_or_create_tenant
+from app.web.resources.jobs import events as events_module
+from testbed.factories import job_request
+
+pytestmark = pytest.mark.services
+
+WRITES = 5
+
+
+@pytest.fixture
+def running_job(db):
+    with db.session() as session:
+        tenant = get_or_create_tenant(session, f"carried-{uuid.uuid4().hex[:8]}")
+        job = service.create_job(
+            session,
+            tenant.id,
+            model="tiny",
+            queue="gpu.tiny",
+            priority=Priority.NORMAL,
+            request=job_request(model="tiny", prompt="p", steps=WRITES, seed=1),
+            metadata=None,
+        )
+        tenant_id, job_id = tenant.id, job.id
+    with db.session() as session:
+        claim = transitions.claim_job(
+            session, job_id, owner="w1", redelivered=False, max_attempts=3, lease_seconds=60
+        )
+        assert claim.kind == transitions.ClaimKind.CLAIMED
+    return tenant_id, job_id
+
+
+def _write(db, job_id, step: int, carry: bool) -> None:
+    with db.session() as session:
+        written = transitions.record_progress(
+            session,
+            job_id,
+            owner="w1",
+            progress=transitions.progress_of("denoising", step, WRITES),
+            lease_seconds=60,
+            carry=carry,
+        )
+    assert written.held
+
+
+@pytest.mark.parametrize("carry", [True, False], ids=["carried", "not-carried"])
+def test_a_running_jobs_progress_is_streamed_without_reading_its_row(
+    flask_app, db, running_job, monkeypatch, carry
+):
+    tenant_id, job_id = running_job
+    svc = flask_app.extensions["diffq"]
+    # No keep-alive inside the test: an idle timeout reads the row too.
+    monkeypatch.setattr(svc, "settings", replace(svc.settings, sse_keepalive=120))
+    reads = []
+    real_get_job = service.get_job
+
+    def counted_get_job(session, tenant, job):
+        reads.append(job)
+        return real_get_job(session, tenant, job)
+
+    monkeypatch.setattr(events_module.service, "get_job", counted_get_job)
+    got: queue.Queue = queue.Queue()
+
+    def follow() -> None:
+        with flask_app.test_request_context():
+            for event in events_module.job_events(job_id, tenant_id, -1):
+                got.put(event)
+        got.put("closed")
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    first = got.get(timeout=30)
+    assert first[0] == "status" and first[2]["status"] == "running"
+    while got.queue and got.queue[0][0] == "progress":  # the claim's own progress
+        got.get_nowait()
+    reads_before = len(reads)
+    for step in range(1, WRITES + 1):
+        _write(db, job_id, step, carry)
+    progress = []
+    while not progress or progress[-1][2]["step"] < WRITES:
+        event = got.get(timeout=30)
+        assert event is not None and event[0] == "progress", event
+        progress.append(event)
+    ids = [event[1] for event in progress]
+    assert ids == sorted(set(ids)), ids  # versions, rising, none repeated
+    with db.session() as session:
+        row = real_get_job(session, tenant_id, job_id)
+        assert progress[-1] == ("progress", row.version, row.progress)  # as a read sends
+    reads_during = len(reads) - reads_before
+    print(f"carry={carry}: {WRITES} progress writes, {reads_during} row reads by the stream")
+    if carry:
+        assert reads_during == 0
+    else:
+        assert reads_during >= 1
+    with db.session() as session:
+        assert transitions.finish_succeeded(session, job_id, owner="w1", result={"images": []})
+    while (event := got.get(timeout=30)) != "closed":
+        last = event
+    assert last[0] == "status" and last[2]["status"] == "succeeded"
+    reader.join(timeout=10)
