@@ -52,10 +52,12 @@ from testbed.processes import ApiServer, ManagedProcess
 
 # name -> DIFFQ_* settings that differ from the defaults
 VARIANTS: dict[str, dict[str, str]] = {
-    # Before: a progress write's notification only wakes a stream, which reads the row.
-    "wake": {"DIFFQ_NOTIFY_CARRIES_PROGRESS": "false"},
-    # After: the notification carries the progress; the stream sends it on (notify.py).
-    "carried": {},
+    # A progress write's notification only wakes a stream, which reads the row.
+    "wake": {"DIFFQ_PROGRESS_NOTIFY": "wake"},
+    # The notification carries the progress; the stream sends it on (app/jobs/notify.py).
+    "carried": {"DIFFQ_PROGRESS_NOTIFY": "carried"},
+    # Progress writes notify nothing; each API process polls its streams' running jobs.
+    "poll": {"DIFFQ_PROGRESS_NOTIFY": "poll"},
 }
 
 MODEL_TOML = """
@@ -187,6 +189,38 @@ def _wal_lsn(conn) -> int:
     with conn.cursor() as cur:
         cur.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
         return int(cur.fetchone()[0])
+
+
+class WaitSampler:
+    """What the database's busy backends wait on, sampled every 0.5 s from
+    pg_stat_activity: (wait event, statement kind) -> samples. A lock that many claims
+    queue on shows here, where pg_stat_statements shows only its time."""
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+        self.samples: dict[str, int] = {}
+        self.taken = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.5):
+            with self.conn.cursor() as cur:
+                cur.execute(
+                    "SELECT coalesce(wait_event_type || ':' || wait_event, 'cpu'), query "
+                    "FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND state = 'active' AND pid != pg_backend_pid()"
+                )
+                rows = cur.fetchall()
+            self.taken += 1
+            for wait, query in rows:
+                key = f"{wait} / {statement_kind(query)}"
+                self.samples[key] = self.samples.get(key, 0) + 1
+
+    def top(self, n: int = 8) -> list[dict]:
+        """The commonest, each as busy backends on average."""
+        ordered = sorted(self.samples.items(), key=lambda kv: -kv[1])[:n]
+        return [{"wait / statement": k, "backends": v / max(1, self.taken)} for k, v in ordered]
 
 
 def _relay_passes(port: int) -> tuple[float, float]:
@@ -380,7 +414,12 @@ def run_fleet(pg: PrivatePostgres, fleet: int, variant: str, args, root: Path) -
         t0 = time.time()
         cpu0, wal0 = components.sample(), _wal_lsn(conn)
         relay0, counts0 = _relay_passes(relay_port), _sim_counts(work)
+        waits = WaitSampler(_pg(database_url))
+        waits.thread.start()
         time.sleep(args.seconds)
+        waits.stop.set()
+        waits.thread.join(timeout=5)
+        waits.conn.close()
         t1 = time.time()
         cpu1, wal1 = components.sample(), _wal_lsn(conn)
         relay1, counts1 = _relay_passes(relay_port), _sim_counts(work)
@@ -443,6 +482,7 @@ def run_fleet(pg: PrivatePostgres, fleet: int, variant: str, args, root: Path) -
         "submit p50 ms": 1000 * percentile(submits, 50),
         "submit p99 ms": 1000 * percentile(submits, 99),
         "cpu": {name: 100 * (cpu1[name] - cpu0[name]) / seconds for name in cpu0},
+        "waits": waits.top(),
         "kinds": {k: {f: v / seconds for f, v in e.items()} for k, e in by_kind.items()},
         "top": [
             {
@@ -461,7 +501,7 @@ def run_fleet(pg: PrivatePostgres, fleet: int, variant: str, args, root: Path) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--fleets", default="25,50,100,200")
-    parser.add_argument("--variants", default="wake,carried")
+    parser.add_argument("--variants", default="wake,carried,poll")
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--job-seconds", default="1,30", help="min,max (uniform)")
@@ -491,10 +531,8 @@ def main() -> None:
                 for variant in variants:
                     row = run_fleet(pg, fleet, variant, args, Path(tmp))
                     rows.append(row)
-                    print(
-                        json.dumps({k: v for k, v in row.items() if k not in ("kinds", "top")}),
-                        flush=True,
-                    )
+                    shown = {k: v for k, v in row.items() if k not in ("kinds", "top", "waits")}
+                    print(json.dumps(shown), flush=True)
     finally:
         pg.close()
     _report(rows, args)
@@ -508,7 +546,7 @@ def _report(rows: list[dict], args) -> None:
     table = []
     for row in rows:
         first = base[row["fleet"]]
-        flat = {k: v for k, v in row.items() if k not in ("cpu", "kinds")}
+        flat = {k: v for k, v in row.items() if k not in ("cpu", "kinds", "top", "waits")}
         flat["stmts/s/worker"] = row["stmts/s"] / row["fleet"]
         flat["WAL KB/s/worker"] = row["WAL KB/s"] / row["fleet"]
         flat["WAL vs base"] = row["WAL KB/s"] / first["WAL KB/s"] if first["WAL KB/s"] else None
@@ -529,6 +567,11 @@ def _report(rows: list[dict], args) -> None:
     cpu_columns = ["fleet", "variant", *[k for k in table[0] if k.startswith("cpu% ")]]
     print_table("CPU per component (% of one core)", table, cpu_columns)
     for row in rows:
+        print_table(
+            f"What busy backends wait on: fleet {row['fleet']}, {row['variant']}",
+            row["waits"],
+            ["wait / statement", "backends"],
+        )
         kinds = sorted(row["kinds"].items(), key=lambda kv: -kv[1]["wal"])
         print_table(
             f"Statements by kind: fleet {row['fleet']}, {row['variant']} (per second)",

@@ -166,14 +166,15 @@ def run_workers(env: dict, first: int, count: int, stop_file: str, results) -> N
     """`count` simulated workers until `stop_file` exists; their counts go to `results`."""
     os.environ.update(env)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks on demand
-    # A delivery that arrives while a stopping worker closes goes back to the queue; kombu
-    # would say so for each.
-    logging.getLogger("kombu").setLevel(logging.ERROR)
     from diffusers import DDIMScheduler  # noqa: F401 - imported once, before the threads race to
 
     from app.services import Services
 
     parent = Services(_settings(), db_pool_size=max(8, count))
+    # A delivery that arrives while a stopping worker closes goes back to the queue; amqp
+    # would say so for each (set after the settings, whose logging setup comes first).
+    for name in ("kombu", "amqp"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     stop = threading.Event()
     counts: Counter = Counter()
     lock = threading.Lock()

@@ -53,11 +53,13 @@ def _change(
     job_id: uuid.UUID,
     *conditions: ColumnElement,
     carry_progress: bool = False,
+    quiet: bool = False,
     **values,
 ):
     """`change`, returning the changed row's (queue, webhook_url, webhook_events,
     yield_reason, version) or None. `carry_progress`: a change of progress alone carries
-    the new progress in its notification (app/jobs/notify.py)."""
+    the new progress in its notification (app/jobs/notify.py); `quiet`: it sends none
+    (API processes poll progress: app/web/watch.py)."""
     row = session.execute(
         update(Job)
         .where(Job.id == job_id, *conditions)
@@ -69,17 +71,18 @@ def _change(
     queue, webhook_url, webhook_events, _, version = row
     moved = "status" in values or "publish_priority" in values
     carried = values.get("progress") if carry_progress else None
-    notify(
-        session,
-        JOB_CHANNEL,
-        job_changed_payload(
-            job_id,
-            queue,
-            moved,
-            version=version,
-            progress=carried if isinstance(carried, dict) else None,
-        ),
-    )
+    if not (quiet and not moved):
+        notify(
+            session,
+            JOB_CHANNEL,
+            job_changed_payload(
+                job_id,
+                queue,
+                moved,
+                version=version,
+                progress=carried if isinstance(carried, dict) else None,
+            ),
+        )
     status = values.get("status")
     changes.emit(
         session,
@@ -172,11 +175,12 @@ def record_progress(
     owner: str,
     progress: dict[str, Any],
     lease_seconds: float,
-    carry: bool = True,
+    notify: str = "carried",
 ) -> Progressed:
     """Write progress and renew the lease; false if this owner no longer holds the job
     (it was canceled, or another delivery took it over), with the yield asked of it.
-    `carry`: the notification carries the progress (DIFFQ_NOTIFY_CARRIES_PROGRESS).
+    `notify` (DIFFQ_PROGRESS_NOTIFY): "carried", the notification carries the progress;
+    "wake", it does not; "poll", none is sent (API processes read progress themselves).
 
     Progress is not worth a WAL flush: a crash that loses the last write loses nothing the
     next write does not restore, so the commit does not wait for the disk.
@@ -187,7 +191,8 @@ def record_progress(
         job_id,
         Job.status == JobStatus.RUNNING,
         Job.lease_owner == owner,
-        carry_progress=carry,
+        carry_progress=notify == "carried",
+        quiet=notify == "poll",
         progress=progress,
         lease_expires_at=clock.after(session, lease_seconds),
     )

@@ -13,7 +13,7 @@ from app.web.watch import JobWatcher
 class ApiRoot(root.Services):
     @root.resource
     def watcher(self) -> JobWatcher:
-        return JobWatcher(self.db)
+        return JobWatcher(self.db, poll_progress=self.settings.progress_notify == "poll")
 
     @root.resource
     def auth_failures(self) -> FailureCounter:

@@ -133,6 +133,7 @@ def job_events(
                 return
             subscription.follow_queue(job.queue if queued else None)
             running = job.status == JobStatus.RUNNING
+            subscription.follow_progress(running)
             while True:  # until the row must be read again
                 refreshed = time.monotonic()
                 woke = subscription.wait(keepalive)
@@ -144,12 +145,14 @@ def job_events(
                     )
                 if time.monotonic() - last_write >= keepalive:
                     yield None
-                # A running job's progress writes, carried by their notifications, are sent
-                # on without reading the row (app/jobs/notify.py).
-                carried = subscription.carried_since(last_seen) if running else None
-                if carried is None:
+                # A running job's progress, carried by a notification or the process's
+                # poll (app/web/watch.py), is sent on without reading the row.
+                carried = subscription.carried() if running else None
+                if carried is None or carried.status != JobStatus.RUNNING:
                     break
-                last_seen, progress = carried
+                if carried.version <= last_seen:
+                    continue  # what the last read already saw
+                last_seen, progress = carried.version, dict(carried.progress)
                 if progress != sent_progress:
                     yield ("progress", last_seen, progress)
                     sent_progress, last_write = progress, time.monotonic()
