@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import uuid
 from dataclasses import replace
 
@@ -121,3 +122,43 @@ def test_a_running_jobs_progress_is_streamed_without_reading_its_row(
     reader.join(timeout=10)
     if notify == "poll":
         watcher.close()
+
+
+def test_a_keep_alive_comes_only_after_idle_seconds_not_before_carried_progress(
+    flask_app, db, running_job, monkeypatch
+):
+    """After a keep-alive, a carried progress event comes next, not a second keep-alive:
+    each keep-alive restarts the idle clock (a second one before the progress showed a
+    clock left running)."""
+    tenant_id, job_id = running_job
+    svc = flask_app.extensions["diffq"]
+    keepalive = 1.0
+    monkeypatch.setattr(svc, "settings", replace(svc.settings, sse_keepalive=keepalive))
+    got: queue.Queue = queue.Queue()
+
+    def follow() -> None:
+        with flask_app.test_request_context():
+            for event in events_module.job_events(job_id, tenant_id, -1):
+                got.put((time.monotonic(), event))
+        got.put((time.monotonic(), "closed"))
+
+    threading.Thread(target=follow, daemon=True).start()
+    while True:  # the status, the claim's progress, then idle: the first keep-alive
+        at, event = got.get(timeout=30)
+        if event is None:
+            break
+    _write(db, job_id, 1, "carried")
+    alive = 0
+    while True:
+        done, event = got.get(timeout=30)
+        if event is None:
+            alive += 1
+            continue
+        assert event[0] == "progress" and event[2]["step"] == 1, event
+        break
+    # Only as many keep-alives as whole idle periods passed since the first.
+    assert alive <= int((done - at) / keepalive), (alive, done - at)
+    with db.session() as session:
+        assert transitions.finish_succeeded(session, job_id, owner="w1", result={"images": []})
+    while got.get(timeout=30)[1] != "closed":
+        pass

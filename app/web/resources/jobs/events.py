@@ -145,6 +145,7 @@ def job_events(
                     )
                 if time.monotonic() - last_write >= keepalive:
                     yield None
+                    last_write = time.monotonic()
                 # A running job's progress, carried by a notification or the process's
                 # poll (app/web/watch.py), is sent on without reading the row.
                 carried = subscription.carried() if running else None
@@ -156,6 +157,5 @@ def job_events(
                 if progress != sent_progress:
                     yield ("progress", last_seen, progress)
                     sent_progress, last_write = progress, time.monotonic()
-                last_write = time.monotonic()
     finally:
         subscription.close()
