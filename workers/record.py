@@ -202,7 +202,7 @@ def job_writes(
                 owner=rt.owner,
                 progress=progress,
                 lease_seconds=rt.settings.lease_seconds,
-                notify=rt.settings.progress_notify,
+                progress_notify=rt.settings.progress_notify,
             )
         if written.yield_reason is not None:  # heard here where no NOTIFY told it first
             rt.yield_job(job_id, written.yield_reason)

@@ -175,11 +175,11 @@ def record_progress(
     owner: str,
     progress: dict[str, Any],
     lease_seconds: float,
-    notify: str = "carried",
+    progress_notify: str = "carried",
 ) -> Progressed:
     """Write progress and renew the lease; false if this owner no longer holds the job
     (it was canceled, or another delivery took it over), with the yield asked of it.
-    `notify` (DIFFQ_PROGRESS_NOTIFY): "carried", the notification carries the progress;
+    `progress_notify` (DIFFQ_PROGRESS_NOTIFY): "carried", the notification carries the progress;
     "wake", it does not; "poll", none is sent (API processes read progress themselves).
 
     Progress is not worth a WAL flush: a crash that loses the last write loses nothing the
@@ -191,8 +191,8 @@ def record_progress(
         job_id,
         Job.status == JobStatus.RUNNING,
         Job.lease_owner == owner,
-        carry_progress=notify == "carried",
-        quiet=notify == "poll",
+        carry_progress=progress_notify == "carried",
+        quiet=progress_notify == "poll",
         progress=progress,
         lease_expires_at=clock.after(session, lease_seconds),
     )

@@ -55,7 +55,7 @@ def _write(db, job_id, step: int, notify: str) -> None:
             owner="w1",
             progress=transitions.progress_of("denoising", step, WRITES),
             lease_seconds=60,
-            notify=notify,
+            progress_notify=notify,
         )
     assert written.held
 
