@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from app.config import Settings
+from app.controls import ControlNetSpec, ControlsError, controlnets_from_tables
 from app.families import DEFAULT_FAMILY, FAMILIES
 from app.presets import PRESETS
 from app.rules import MAX_STEPS, SCHEDULER_NAMES, schedulers_for
@@ -108,6 +109,9 @@ class ModelSpec:
     # takes none) and how many one job may name.
     lora_family: str = ""
     max_loras: int = 4
+    # ControlNet conditioning (app/controls.py): how many controls one job may carry; a
+    # model takes the catalog's ControlNets of its lora_family (none without one).
+    max_controls: int = 2
     # torch.compile (workers/compiled.py): the "WIDTHxHEIGHT" tiers whose jobs run on a
     # compiled denoiser, each compiled and warmed when the worker starts; other sizes run
     # eager. Empty: nothing compiled.
@@ -301,6 +305,8 @@ class ModelSpec:
             )
         if not 0 <= self.max_loras <= 16:
             raise CatalogError(f"model {self.name!r}: max_loras must be in 0..16")
+        if not 0 <= self.max_controls <= 4:
+            raise CatalogError(f"model {self.name!r}: max_controls must be in 0..4")
         from app.kinds import KINDS
 
         if not self.kinds or set(self.kinds) - set(KINDS):
@@ -355,6 +361,7 @@ class Catalog:
     models: dict[str, ModelSpec]
     default_model: str
     adapters: dict[str, AdapterSpec] = field(default_factory=dict)
+    controlnets: dict[str, ControlNetSpec] = field(default_factory=dict)
 
     def get(self, name: str | None) -> ModelSpec | None:
         return self.models.get(name or self.default_model)
@@ -467,7 +474,12 @@ def load_catalog(settings: Settings) -> Catalog:
     if settings.models_file is None:
         spec = tiny_spec(settings.tiny_model_dir)
         video = tiny_video_spec(settings.tiny_video_model_dir)
-        return Catalog(models={spec.name: spec, video.name: video}, default_model=spec.name)
+        canny = ControlNetSpec("tiny-canny", settings.tiny_controlnet_dir, "tiny")
+        return Catalog(
+            models={spec.name: spec, video.name: video},
+            default_model=spec.name,
+            controlnets={canny.name: canny},
+        )
     try:
         data = tomllib.loads(settings.models_file.read_text())
     except FileNotFoundError as exc:
@@ -487,7 +499,14 @@ def load_catalog(settings: Settings) -> Catalog:
         name: _adapter_from_table(name, t, base_dir)
         for name, t in (data.get("adapters") or {}).items()
     }
-    return Catalog(models=models, default_model=default, adapters=adapters)
+    from app.adapters import FAMILIES as ADDON_FAMILIES
+
+    try:
+        tables = data.get("controlnets") or {}
+        controlnets = controlnets_from_tables(tables, base_dir, ADDON_FAMILIES)
+    except ControlsError as exc:
+        raise CatalogError(str(exc)) from exc
+    return Catalog(models=models, default_model=default, adapters=adapters, controlnets=controlnets)
 
 
 def _adapter_from_table(name: str, table: dict, base_dir: Path) -> AdapterSpec:

@@ -126,6 +126,8 @@ class Settings:
     # bytes their weights may take on its device (0: on a GPU, 70 % of its memory; on the
     # CPU, no bound). The served models that fit are loaded at start, others when needed.
     worker_max_models: int
+    # ControlNets a worker keeps loaded beside each model (workers/controls.py).
+    worker_controlnets: int
     worker_model_bytes: int
     warm_share_slack: float
     http_keepalive: float
@@ -237,6 +239,10 @@ class Settings:
     def tiny_video_model_dir(self) -> Path:
         return self.home / "models" / "tiny-video"
 
+    @property
+    def tiny_controlnet_dir(self) -> Path:
+        return self.home / "models" / "tiny-controlnet"
+
 
 def _secret_key(env: Mapping[str, str], home: Path) -> str:
     """The key that signs local file URLs; generated once per home when not given."""
@@ -342,6 +348,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         adapter_slots=_int(env, "DIFFQ_ADAPTER_SLOTS", 16),
         warm_max_skips=_int(env, "DIFFQ_WARM_MAX_SKIPS", 8),
         worker_max_models=_int(env, "DIFFQ_WORKER_MAX_MODELS", 0),
+        worker_controlnets=_int(env, "DIFFQ_WORKER_CONTROLNETS", 4),
         worker_model_bytes=_int(env, "DIFFQ_WORKER_MODEL_BYTES", 0),
         warm_share_slack=_float(env, "DIFFQ_WARM_SHARE_SLACK", 60.0),
         # Idle seconds a client connection is kept open: longer than the load balancer's

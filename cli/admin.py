@@ -243,6 +243,18 @@ def model_build_tiny(dir, seed, inpainting, family, image_to_video) -> int:
     return 0
 
 
+@model.command("build-tiny-controlnet")
+@click.argument("dir")
+@click.option("--seed", type=int, default=0, show_default=True, help="weights seed")
+def model_build_tiny_controlnet(dir, seed) -> int:
+    """Save a random-weight ControlNet for the tiny model to DIR (list it in the models
+    file as `[controlnets.NAME]` with `family = "tiny"`)."""
+    from workers.tiny import build_tiny_controlnet
+
+    print(f"tiny ControlNet saved to {build_tiny_controlnet(dir, seed=seed)}")
+    return 0
+
+
 @model.command("build-tiny-lora")
 @click.argument("path")
 @click.option("--seed", type=int, default=0, show_default=True, help="weights seed")

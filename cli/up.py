@@ -189,13 +189,18 @@ def _wait_ready(
 
 
 def _build_demo_models(catalog) -> None:
-    """The tiny image and video models of the embedded catalog, built once (offline)."""
-    from workers.tiny import build_tiny_model
+    """The tiny image and video models of the embedded catalog and its tiny ControlNet,
+    built once (offline)."""
+    from workers.tiny import build_tiny_controlnet, build_tiny_model
 
     for spec in catalog.models.values():
         if not spec.path.exists():
             print(f"building the tiny demo model {spec.name} in {spec.path} ...", flush=True)
             build_tiny_model(spec.path, family=spec.family)
+    for controlnet in catalog.controlnets.values():
+        if not controlnet.path.exists():
+            print(f"building the tiny ControlNet {controlnet.name} ...", flush=True)
+            build_tiny_controlnet(controlnet.path)
 
 
 @click.command("up")

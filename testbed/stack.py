@@ -79,6 +79,16 @@ time_limit = 90
 [adapters.ink]
 path = "{adapter}"
 family = "tiny"
+
+# Built when a test first needs it (build_tiny_controlnet below).
+[controlnets.tiny-canny]
+path = "{controlnet}"
+family = "tiny"
+
+# Never loaded: requests that name it for the tiny model are refused.
+[controlnets.sdxl-canny]
+path = "{controlnet}-sdxl"
+family = "sdxl"
 """
 
 QUEUES = ["gpu.tiny", "gpu.tiny-b", "gpu.tiny-video"]
@@ -109,26 +119,38 @@ MODEL_CACHE_ENV = "DIFFQ_TEST_MODEL_CACHE"
 
 
 def build_tiny_model(path: Path, family: str = "sd") -> Path:
+    return _cached(path, family, ["build-tiny", "--family", family])
+
+
+def _cached(path: Path, name: str, command: list[str]) -> Path:
     cache = os.environ.get(MODEL_CACHE_ENV)
     if not cache:
-        return _build(path, family)
-    built = Path(cache) / family
-    with open(Path(cache) / f"{family}.lock", "w") as lock:
+        return _build(path, command)
+    built = Path(cache) / name
+    with open(Path(cache) / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one process builds; the others wait, then copy
         if not built.exists():
-            partial = Path(cache) / f"{family}.partial"
+            partial = Path(cache) / f"{name}.partial"
             shutil.rmtree(partial, ignore_errors=True)  # a build killed half-way
-            _build(partial, family).rename(built)
+            _build(partial, command).rename(built)
     shutil.copytree(built, path)
     return path
 
 
-def _build(path: Path, family: str) -> Path:
+def _build(path: Path, command: list[str]) -> Path:
     subprocess.run(
-        [sys.executable, "-m", "cli", "model", "build-tiny", "--family", family, str(path)],
+        [sys.executable, "-m", "cli", "model", *command, str(path)],
         check=True,
         capture_output=True,
     )
+    return path
+
+
+def build_tiny_controlnet(stack: Stack) -> Path:
+    """The models file's `tiny-canny` ControlNet, built when a test first needs it."""
+    path = stack.workdir / "models" / "tiny-controlnet"
+    if not path.exists():
+        _cached(path, "controlnet", ["build-tiny-controlnet"])
     return path
 
 
@@ -152,7 +174,10 @@ def start_stack(workdir: Path, extra_env: dict[str, str] | None = None) -> Stack
     adapter = workdir / "models" / "ink.safetensors"
     adapter.write_bytes(build_tiny_lora(seed=11))
     tiny_video = workdir / "models" / "tiny-video"  # built by build_tiny_video_model
-    models_file.write_text(MODELS_TOML.format(tiny=tiny, adapter=adapter, tiny_video=tiny_video))
+    controlnet = workdir / "models" / "tiny-controlnet"  # built by build_tiny_controlnet
+    models_file.write_text(
+        MODELS_TOML.format(tiny=tiny, adapter=adapter, tiny_video=tiny_video, controlnet=controlnet)
+    )
     cleanup: list = []
     try:
         db_name = f"diffq_test_{run}"

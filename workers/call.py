@@ -93,12 +93,25 @@ def job_scheduler(model: LoadedModel, name: str) -> Any:
     return copy.deepcopy(template)
 
 
-def kind_pipeline(model: LoadedModel, kind: JobKind) -> Any:
-    """The kind's pipeline on the model's weights, derived once per model."""
-    pipeline = model.kind_pipelines.get(kind.name)
+def kind_pipeline(
+    model: LoadedModel, kind: JobKind, controlnets: Mapping[str, Any] | None = None
+) -> Any:
+    """The kind's pipeline on the model's weights, derived once per model (and per
+    ControlNets, in their order: workers/controls.py)."""
+    if not controlnets:
+        pipeline = model.kind_pipelines.get(kind.name)
+        if pipeline is None:
+            pipeline = model.kind_pipelines[kind.name] = _derive(
+                model.pipeline, kind.pipeline_for(model.spec.family)
+            )
+        return pipeline
+    key = (kind.name, *controlnets)
+    pipeline = model.kind_pipelines.get(key)
     if pipeline is None:
-        pipeline = model.kind_pipelines[kind.name] = _derive(
-            model.pipeline, kind.pipeline_for(model.spec.family)
+        from workers.controls import derived_with
+
+        pipeline = model.kind_pipelines[key] = derived_with(
+            model.pipeline, kind.pipeline_for(model.spec.family), list(controlnets.values())
         )
     return pipeline
 
@@ -140,6 +153,7 @@ def generate(
     inputs: Sequence[Mapping[str, Any]] | None = None,
     adapters: Mapping[str, Mapping[str, Any]] | None = None,
     checkpoints: Checkpointing | None = None,
+    controlnets: Mapping[str, Any] | None = None,
 ) -> list[Generation | None]:
     """One Generation per job, in order; None for a job that left the call. `inputs`:
     each job's input images (PIL, by field: workers/inputs.py), for the kinds that start
@@ -147,18 +161,22 @@ def generate(
     `adapters`: the jobs' LoRA adapters' tensors by digest (workers/adapters.py); the
     jobs share one adapter set (a batch field), made active for this call alone.
     `checkpoints`: a single job's; the call saves its state at step boundaries when they
-    say so, and resumes from theirs (workers/denoise_state.py).
+    say so, and resumes from theirs (workers/denoise_state.py). `controlnets`: the
+    modules the jobs' controls name (workers/controls.py); the jobs share one control
+    set (a batch field).
 
     Raises Interrupted when every job has left (nothing is decoded).
     """
     try:
-        return _call(model, jobs, on_step, inputs, adapters, checkpoints)
+        return _call(model, jobs, on_step, inputs, adapters, checkpoints, controlnets)
     except ResumeRefused as exc:  # the saved state did not fit this call: run it afresh
         checkpoints.refused(str(exc))
-        return _call(model, jobs, on_step, inputs, adapters, checkpoints)
+        return _call(model, jobs, on_step, inputs, adapters, checkpoints, controlnets)
 
 
-def _call(model, jobs, on_step, inputs, adapters, checkpoints) -> list[Generation | None]:
+def _call(
+    model, jobs, on_step, inputs, adapters, checkpoints, controlnets
+) -> list[Generation | None]:
     import torch
 
     if checkpoints is not None and len(jobs) > 1:
@@ -177,14 +195,15 @@ def _call(model, jobs, on_step, inputs, adapters, checkpoints) -> list[Generatio
     active = [True] * len(jobs)
     discarded: set[int] = set()  # left where rows cannot be cut: run on, not kept
     prepared = [
-        kind.prepare(job, job_inputs)
+        kind.prepared(job, job_inputs)
         for job, job_inputs in zip(jobs, inputs or [{}] * len(jobs), strict=True)
     ]
 
     with model.lock:
         if jobs[0].loras or model.adapters.loaded:
             model.adapters.activate(model.pipeline, jobs[0].loras, adapters or {})
-        pipeline = kind_pipeline(model, kind)
+        named = [control.controlnet for control in jobs[0].controls]
+        pipeline = kind_pipeline(model, kind, {n: controlnets[n] for n in named} or None)
         scheduler = pipeline.scheduler = job_scheduler(model, jobs[0].scheduler)
         eager = denoiser_for(model, pipeline, jobs[0].width, jobs[0].height)
         cuttable = row_inputs(pipeline)

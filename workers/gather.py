@@ -16,8 +16,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import and_, func
+from sqlalchemy import and_, false, func
 
+from app.controls import STORED_KEY
 from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs import fairness, transitions
@@ -179,6 +180,10 @@ def compatible_sql(model: str, request: JobRequest) -> Any:
             continue
         if name == "adapter_set":  # a column of its own (app/db/models.py)
             clauses.append(Job.adapter_set == request.adapter_set)
+            continue
+        if name == "control_set":  # a job with controls runs in a call of its own
+            none = Job.input[STORED_KEY].as_string().is_(None)
+            clauses.append(none if not request.controls else false())
             continue
         value = getattr(request, name)
         element = Job.input[name]

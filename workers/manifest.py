@@ -134,7 +134,7 @@ def model_manifest(
 
 def job_manifest(base: dict[str, Any], scheduler: Any, request: Any) -> dict[str, Any]:
     """A job's manifest: the model's part, its kind and input images' digests, the
-    scheduler it ran with and its seed."""
+    scheduler it ran with, its seed, and its adapters and controls."""
     from app.kinds import kind_of
 
     config = {k: v for k, v in dict(scheduler.config).items()}
@@ -145,6 +145,7 @@ def job_manifest(base: dict[str, Any], scheduler: Any, request: Any) -> dict[str
         "scheduler": {"class": type(scheduler).__name__, "config": _plain(config)},
         "seed": request.seed,
         **({"loras": [lora.stored() for lora in request.loras]} if request.loras else {}),
+        **({"controls": [c.stored() for c in request.controls]} if request.controls else {}),
     }
 
 

@@ -7,6 +7,7 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,9 @@ class LoadedModel:
     kind_pipelines: dict[str, Any] = field(default_factory=dict)
     # The LoRA adapters loaded into these weights (workers/adapters.py), shared likewise.
     adapters: PipelineAdapters = field(default_factory=lambda: PipelineAdapters(8))
+    # The ControlNets loaded beside these weights, least recently used first
+    # (workers/controls.py); kind_pipelines keys (kind, *controlnets) for them.
+    controlnets: OrderedDict = field(default_factory=OrderedDict)
     # Each scheduler name's pristine instance, copied for every call (workers/call.py).
     schedulers: dict[str, Any] = field(default_factory=dict)
     # The denoiser wrapped in torch.compile, for the catalog's compile_sizes

@@ -22,10 +22,13 @@ ROW_TENSORS = (
 def row_inputs(pipeline: Any) -> list[str] | None:
     """The callback tensors to cut rows from, or None where the loop holds per-sample
     tensors the callback cannot reach (a guidance-embedding UNet: LCM-distilled; a
-    transformer whose pooled text embedding it cannot reach: FLUX, SD3's image-to-image)."""
+    transformer whose pooled text embedding it cannot reach: FLUX, SD3's image-to-image;
+    a ControlNet's conditioning images)."""
     unet = getattr(pipeline, "unet", None)
     if unet is not None and getattr(unet.config, "time_cond_proj_dim", None) is not None:
         return None
+    if getattr(pipeline, "controlnet", None) is not None:
+        return None  # the control images' rows live in the loop, out of the callback's reach
     allowed = set(getattr(pipeline, "_callback_tensor_inputs", ()))
     if "latents" not in allowed:
         return None

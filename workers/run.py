@@ -27,6 +27,7 @@ from app.storage import StorageUnavailable
 from workers import call, record
 from workers.adapters import AdapterMissing
 from workers.checkpoints import JobCheckpoints, open_checkpoints, with_leaving
+from workers.controls import ControlNetMissing, controlnets_for
 from workers.inputs import InputMissing, load_inputs
 from workers.lease import LeaseKeeper
 from workers.oom import free_accelerator_memory, is_out_of_memory
@@ -55,6 +56,7 @@ class Member:
     outcome: Outcome | None = None
     inputs: dict[str, Any] = field(default_factory=dict)  # its input images, loaded
     adapters: dict[str, Any] = field(default_factory=dict)  # its adapters' tensors, by digest
+    controlnets: dict[str, Any] = field(default_factory=dict)  # its ControlNets, by name
     checkpoints: JobCheckpoints | None = None  # a job running alone, where its model saves them
 
     def __post_init__(self) -> None:
@@ -95,9 +97,9 @@ def _start(rt: WorkerRuntime, member: Member) -> None:
     ).start()
 
 
-def _loaded(rt: WorkerRuntime, member: Member) -> bool:
-    """Read the member's input images and adapters; a job whose inputs cannot be read
-    fails here."""
+def _loaded(rt: WorkerRuntime, model: LoadedModel, member: Member) -> bool:
+    """Read the member's input images, adapters and ControlNets; a job whose inputs
+    cannot be read fails here."""
     job = member.job
     try:
         member.inputs = load_inputs(rt, job.tenant_id, member.request)
@@ -105,8 +107,11 @@ def _loaded(rt: WorkerRuntime, member: Member) -> bool:
             lora.sha256: rt.adapter_memory.tensors(rt, job.tenant_id, lora)
             for lora in member.request.loras
         }
+        member.controlnets = controlnets_for(rt, model, member.request.controls)
     except (InputMissing, AdapterMissing) as exc:
         decide(member, record.fail(rt, job, ErrorCode.INVALID_INPUT, str(exc)))
+    except ControlNetMissing as exc:
+        decide(member, record.fail(rt, job, ErrorCode.MODEL_UNAVAILABLE, str(exc)))
     except StorageUnavailable as exc:
         decide(member, record.fail(rt, job, ErrorCode.STORAGE_UNAVAILABLE, str(exc)))
     return member.outcome is None
@@ -119,7 +124,7 @@ def _generate(rt: WorkerRuntime, model: LoadedModel, members: list[Member]) -> N
         steps = member.request.denoise_steps
         if not member.reporter.begin("encoding_prompt", 0, steps):
             decide(member, Outcome(Verdict.DISCARD, "job no longer held before generation"))
-        elif _loaded(rt, member):
+        elif _loaded(rt, model, member):
             running.append(member)
     if not running:
         return
@@ -134,6 +139,7 @@ def _generate(rt: WorkerRuntime, model: LoadedModel, members: list[Member]) -> N
             on_step=[with_leaving(m.reporter.step, m.checkpoints) for m in running],
             inputs=[m.inputs for m in running],
             adapters={k: v for m in running for k, v in m.adapters.items()},
+            controlnets=running[0].controlnets,
             checkpoints=running[0].checkpoints,
         )
         request = running[0].request

@@ -197,3 +197,34 @@ def save_tiny_lora(
     finally:
         staging.unlink(missing_ok=True)
     return out, checked
+
+
+def tiny_controlnet(seed: int = 0, *, strength: float = 0.05):
+    """A random-weight ControlNet for the tiny model (diffusers' ControlNetModel, shaped
+    from its UNet). Every weight is drawn from `seed`, the zero convolutions a trained
+    ControlNet starts from included, so a control image changes what the model draws."""
+    import torch
+    from diffusers import ControlNetModel
+
+    controlnet = ControlNetModel.from_unet(build_tiny_pipeline(0).unet)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in controlnet.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * strength)
+    return controlnet
+
+
+def build_tiny_controlnet(out_dir: str | Path, seed: int = 0) -> Path:
+    """Save `tiny_controlnet(seed)` to `out_dir`; a reader never sees half a directory."""
+    controlnet = tiny_controlnet(seed)
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
+        staging = Path(tmp) / "controlnet"
+        controlnet.save_pretrained(staging)
+        for path in [staging, *staging.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        if out.exists():
+            raise FileExistsError(f"{out} already exists")
+        staging.rename(out)
+    return out

@@ -223,6 +223,17 @@ class LoraManifestSchema(ma.Schema):
     name = fields.String(metadata={"description": "A shared adapter's name (the catalog's)."})
 
 
+class ControlManifestSchema(ma.Schema):
+    controlnet = fields.String(
+        metadata={"description": "The catalog's ControlNet.", "example": "canny"}
+    )
+    image = fields.String(metadata={"description": "SHA-256 of the control image."})
+    scale = fields.Float(metadata={"example": 0.8})
+    start = fields.Float(metadata={"example": 0.0})
+    end = fields.Float(metadata={"example": 1.0})
+    preprocess = fields.String(metadata={"example": "canny"})
+
+
 class ResumeSchema(ma.Schema):
     from_step = fields.Integer(metadata={"description": "The step it went on from.", "example": 64})
     worker = fields.String(metadata={"example": "gpu0@node-7"})
@@ -259,7 +270,8 @@ class ManifestSchema(ma.Schema):
         keys=fields.String(),
         values=fields.String(),
         metadata={
-            "description": "The SHA-256 of each input image, by field (`image`, `mask`).",
+            "description": "The SHA-256 of each input image, by field (`image`, `mask`, "
+            "`controls.0.image`).",
             "example": {"image": "3f5e…"},
         },
     )
@@ -268,6 +280,10 @@ class ManifestSchema(ma.Schema):
     loras = fields.List(
         fields.Nested(LoraManifestSchema),
         metadata={"description": "The LoRA adapters it ran with, in order (absent: none)."},
+    )
+    controls = fields.List(
+        fields.Nested(ControlManifestSchema),
+        metadata={"description": "The ControlNet controls it ran with, in order (absent: none)."},
     )
     dtype = fields.String(metadata={"example": "float16"})
     device = fields.String(metadata={"example": "NVIDIA H100 80GB HBM3"})

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from app.controls import CONTROL_WORK, Control, control_set, input_field, preprocessed
 from app.rules import MAX_SEED
 
 if TYPE_CHECKING:
@@ -77,6 +78,9 @@ class JobRequest:
     # LoRA adapters, in the order given: each one's digest and scale (every kind takes
     # them; `loras` in the API).
     loras: tuple[Lora, ...] = ()
+    # ControlNet conditioning (app/controls.py), in the order given; the image kinds
+    # take it (`controls` in the API).
+    controls: tuple[Control, ...] = ()
 
     # Inputs that do not change the images (left out of the cache key).
     NOT_IN_CACHE_KEY: ClassVar[tuple[str, ...]] = ("priority",)
@@ -84,15 +88,22 @@ class JobRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.loras, tuple) or not all(isinstance(x, Lora) for x in self.loras):
             object.__setattr__(self, "loras", tuple(Lora.of(x) for x in self.loras or ()))
+        if not isinstance(self.controls, tuple) or not all(
+            isinstance(x, Control) for x in self.controls
+        ):
+            controls = tuple(Control.of(x) for x in self.controls or ())
+            object.__setattr__(self, "controls", controls)
 
     def stored(self) -> dict[str, Any]:
-        """The row's `input`: plain JSON, the kind's name included. `loras` only where
-        there are some, so a job without adapters stores (and keys the cache) as before."""
+        """The row's `input`: plain JSON, the kind's name included. `loras` and
+        `controls` only where there are some, so a job without them stores (and keys the
+        cache) as before."""
         stored = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if self.loras:
-            stored["loras"] = [lora.stored() for lora in self.loras]
-        else:
-            del stored["loras"]
+        for name in ("loras", "controls"):
+            if stored[name]:
+                stored[name] = [item.stored() for item in stored[name]]
+            else:
+                del stored[name]
         return stored
 
     @property
@@ -103,6 +114,11 @@ class JobRequest:
             return ""
         canonical = json.dumps([[lora.sha256, lora.scale] for lora in self.loras])
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    @property
+    def control_set(self) -> str:
+        """SHA-256 of the controls ("" for none): jobs of one set may share a call."""
+        return control_set(self.controls)
 
     def cache_fields(self) -> dict[str, Any]:
         return {k: v for k, v in self.stored().items() if k not in self.NOT_IN_CACHE_KEY}
@@ -125,7 +141,7 @@ class JobRequest:
     @property
     def work(self) -> float:
         """Units of the estimate: steps x images x (pixels / 512^2)."""
-        adapters = 1 + LORA_WORK * len(self.loras)
+        adapters = 1 + LORA_WORK * len(self.loras) + CONTROL_WORK * len(self.controls)
         return self.work_units * self.width * self.height / REFERENCE_PIXELS * adapters
 
     def image_seed(self, index: int) -> int:
@@ -160,7 +176,11 @@ class JobKind:
         "guidance_scale",
         "scheduler",
         "adapter_set",
+        "control_set",
     )
+    # The keyword the kind's ControlNet pipeline takes its control images by (the
+    # image-to-image pipelines take the input image as `image`).
+    control_keyword: ClassVar[str] = "image"
 
     def pipeline_for(self, family: str) -> str:
         """The diffusers class (an AutoPipeline for the image families) that runs this kind
@@ -212,6 +232,7 @@ class JobKind:
             output_format=data.get("output_format", "png"),
             priority=data.get("priority", "normal"),
             loras=tuple(data.get("loras") or ()),
+            controls=tuple(data.get("controls") or ()),
             **self.own_fields(spec, data),
         )
 
@@ -219,13 +240,34 @@ class JobKind:
         return tuple(getattr(job, name) for name in self.batch_fields)
 
     def inputs(self, job: JobRequest) -> dict[str, str]:
-        """The digests of the input images the job runs on, by field."""
-        return {name: getattr(job, name) for name in self.image_fields if getattr(job, name)}
+        """The digests of the input images the job runs on, by field (its controls'
+        under `controls.N.image`)."""
+        found = {name: getattr(job, name) for name in self.image_fields if getattr(job, name)}
+        for index, control in enumerate(job.controls):
+            found[input_field(index)] = control.image
+        return found
 
     def prepare(self, job: JobRequest, inputs: Mapping[str, Any]) -> Mapping[str, Any]:
         """What a job's pipeline rows need of its input images (PIL, by field), made once
         per call: `call_arguments` and `finish` get it."""
         return inputs
+
+    def prepared(self, job: JobRequest, inputs: Mapping[str, Any]) -> Mapping[str, Any]:
+        """`prepare`'s, with the job's control images under `controls`: each at the
+        output's size (cropped as the input is where an inpainting redraws its masked
+        region alone), preprocessed as its control asks."""
+        made = self.prepare(job, inputs)
+        if not job.controls:
+            return made
+        width, height = job.width, job.height
+        box = made.get("box")
+        images = []
+        for index, control in enumerate(job.controls):
+            image = inputs[input_field(index)].convert("RGB")
+            if box is not None:
+                image = image.resize((width, height)).crop(box)
+            images.append(preprocessed(image, control.preprocess, width, height))
+        return {**made, "controls": images}
 
     def finish(self, job: JobRequest, images: list[Any], inputs: Mapping[str, Any]) -> list[Any]:
         """The job's images as delivered, from what the pipeline made (an inpainting puts
@@ -249,6 +291,7 @@ class JobKind:
             "height": first.height,
             "num_inference_steps": first.steps,
             "guidance_scale": first.guidance_scale,
+            **self.control_arguments(first, inputs[0] if inputs else {}),
         }
         if len(jobs) == 1:  # the prompt encoded once, its rows repeated by diffusers
             return {
@@ -266,4 +309,26 @@ class JobKind:
             # a single job without one); None when none has one.
             "negative_prompt": negatives if any(negatives) else None,
             "num_images_per_prompt": 1,
+        }
+
+    def control_arguments(self, job: JobRequest, prepared: Mapping[str, Any]) -> dict[str, Any]:
+        """The ControlNet keywords of a call whose jobs share `job`'s controls (one
+        image per control, which diffusers repeats for every row); none without."""
+        controls = job.controls
+        if not controls:
+            return {}
+        images = list(prepared["controls"])
+        if len(controls) == 1:
+            control = controls[0]
+            return {
+                self.control_keyword: images[0],
+                "controlnet_conditioning_scale": control.scale,
+                "control_guidance_start": control.start,
+                "control_guidance_end": control.end,
+            }
+        return {
+            self.control_keyword: images,
+            "controlnet_conditioning_scale": [c.scale for c in controls],
+            "control_guidance_start": [c.start for c in controls],
+            "control_guidance_end": [c.end for c in controls],
         }

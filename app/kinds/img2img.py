@@ -40,6 +40,7 @@ class ImageKind(JobKind):
     image_fields = ("image",)
     batch_fields = (*JobKind.batch_fields, "strength")
     default_strength = DEFAULT_STRENGTH
+    control_keyword = "control_image"  # `image` is the input to redraw
 
     def api_fields(self) -> dict[str, Any]:
         return {

@@ -85,6 +85,7 @@ RUN = {
     ("README.md", "IMG=$(curl -s -X POST"): "test_image_to_image_and_inpainting_curl",
     ("README.md", "cat > prompts.jsonl <<'JSONL'"): "test_the_batch_quick_start",
     ("README.md", "diffq model build-tiny-lora"): "test_lora_adapters_curl",
+    ("README.md", "CTRL=$(curl -s -X POST"): "test_controlnet_curl",
     ("README.md", "from diffq.client import Client"): "test_the_python_clients_batch",
     ("docs/clients.md", "# diffq.client (blocking"): "test_the_python_client_beside_curl",
     ("README.md", "# a clip of 17 frames"): "test_the_video_curl",
@@ -496,6 +497,35 @@ def test_lora_adapters_curl(served, shell, tmp_path):
     )
     done = wait_terminal(served.api.url, served.key, job["id"])
     assert done["status"] == "succeeded", done
+
+
+def test_controlnet_curl(served, shell, tmp_path, stack):
+    """The README's ControlNet: `tiny-canny` is the embedded catalog's (built by `diffq
+    up`) and the test stack's (built here), so the block runs as written in both modes."""
+    from testbed.stack import build_tiny_controlnet
+
+    build_tiny_controlnet(stack)
+    layout = Image.new("RGB", (64, 64), (10, 10, 10))
+    layout.paste((250, 250, 250), (16, 8, 48, 56))
+    layout.save(tmp_path / "layout.png", format="PNG")
+    shell.run(f"cd {tmp_path}")
+    shell.run(f"KEY={served.key}")
+    outputs = []
+    for command in commands(block("README.md", "CTRL=$(curl -s -X POST").text):
+        code, out, err = shell.run(fill(command, served.api, served.key))
+        assert code == 0, (command, out, err)
+        outputs.append(out)
+    job = json.loads(outputs[1])
+    assert job["status"] == "queued", job
+    [control] = job["input"]["controls"]
+    assert (control["controlnet"], control["preprocess"], control["scale"]) == (
+        "tiny-canny",
+        "canny",
+        0.8,
+    )
+    done = wait_terminal(served.api.url, served.key, job["id"])
+    assert done["status"] == "succeeded", done
+    assert done["result"]["manifest"]["controls"] == job["input"]["controls"]
 
 
 def test_the_batch_quick_start(served, shell, tmp_path):

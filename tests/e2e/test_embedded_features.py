@@ -1,6 +1,7 @@
 """Features end to end on `diffq up`'s embedded stores (SQLite, the filesystem broker,
 local files), as a newcomer meets them: cancel (queued and running), a cancelled batch
-that must not hold the jobs sent after it, caps on a batch, and retention. The same
+that must not hold the jobs sent after it, caps on a batch, retention, and a ControlNet
+control (the demo catalog's tiny one). The same
 features run on PostgreSQL, RabbitMQ and S3 in their own modules; the examples of the
 README run on both (tests/e2e/test_doc_examples.py)."""
 
@@ -37,6 +38,36 @@ def _waiting_messages(service: EmbeddedService) -> list[str]:
     folder = service.data / "broker" / "queue"
     names = [n for n in os.listdir(folder) if n.endswith(".msg") and not n.startswith(".")]
     return [n.split("_", 1)[1].split(".", 1)[0] for n in names]
+
+
+def test_a_control_image_steers_a_job_on_the_embedded_stores(embedded):
+    import base64
+    import io
+
+    from PIL import Image
+
+    key = embedded.new_key()
+    models = {m["name"]: m for m in _get(embedded, key, "/v1/models")["data"]}
+    assert models["tiny"]["controlnets"] == ["tiny-canny"]
+    square = Image.new("RGB", (64, 64), (10, 10, 10))
+    square.paste((240, 200, 40), (12, 20, 52, 44))
+    buffer = io.BytesIO()
+    square.save(buffer, format="PNG")
+    uri = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    body = {"prompt": "a sign", "seed": 4, "steps": 2, "width": 64, "height": 64}
+    control = {"controlnet": "tiny-canny", "image": uri, "preprocess": "canny"}
+    jobs = [
+        submit(embedded.url, key, **body),
+        submit(embedded.url, key, **body, controls=[control]),
+    ]
+    plain, steered = (wait_terminal(embedded.url, key, j["id"], timeout=120) for j in jobs)
+    assert plain["status"] == steered["status"] == "succeeded", (plain, steered)
+    assert steered["result"]["manifest"]["controls"][0]["preprocess"] == "canny"
+    pictures = [
+        requests.get(job["result"]["images"][0]["url"], timeout=10).content
+        for job in (plain, steered)
+    ]
+    assert pictures[0] != pictures[1]
 
 
 def test_a_running_job_is_cancelled_at_its_next_step(embedded):

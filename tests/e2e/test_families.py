@@ -68,6 +68,7 @@ def families(stack, tmp_path_factory):
             tiny=stack.tiny_model,
             adapter=stack.tiny_model.parent / "ink.safetensors",
             tiny_video=stack.tiny_model.parent / "tiny-video",
+            controlnet=stack.tiny_model.parent / "tiny-controlnet",
         )
         + FAMILY_TABLES.format(**paths)
     )

@@ -305,3 +305,27 @@ def test_fair_share_picks_a_batchs_members_too(runtime, db):
     assert light_ids <= ran and len(ran) == 3
     assert all(permits_of[j] is not None for j in light_ids)
     assert [p.settled for p in permits] == [["ack"], ["ack"]]
+
+
+def test_a_job_with_controls_is_never_gathered_nor_gathers(db):
+    """Control images are per row inside a ControlNet call, out of the step callback's
+    reach: a job with controls runs in a call of its own (workers/gather.py)."""
+    from sqlalchemy import select
+
+    from workers.gather import compatible_sql
+
+    tenant = f"controls-{uuid.uuid4().hex[:8]}"
+    control = {"controlnet": "tiny-canny", "image": "c" * 64}
+    plain_id, _ = _new_job(db, tenant, seed=1)
+    steered_id, _ = _new_job(db, tenant, seed=2, controls=[control])
+    other_id, _ = _new_job(db, tenant, seed=3, controls=[{**control, "scale": 0.5}])
+    mine = {plain_id, steered_id, other_id}
+
+    def gathered(leader_id) -> set:
+        with db.session() as session:
+            leader = session.get(Job, leader_id).request
+            rows = session.scalars(select(Job.id).where(compatible_sql("tiny", leader)))
+            return set(rows) & mine
+
+    assert gathered(plain_id) == {plain_id}  # a plain leader's batch takes plain jobs alone
+    assert gathered(steered_id) == set()  # a control job's takes none, not even its like

@@ -8,6 +8,7 @@ from typing import Any
 import marshmallow as ma
 from marshmallow import fields, validate
 
+from app import controls as control_rules
 from app.adapters import SCALE_LIMIT
 from app.jobs.states import JobStatus, Priority
 from app.jobs.view import JobSchema
@@ -54,6 +55,60 @@ class LoraSchema(RefusesNul, ma.Schema):
     def _one_of(self, data: dict[str, Any], **_kwargs) -> None:
         if (data.get("id") is None) == (data.get("name") is None):
             raise ma.ValidationError("Give one of `id` or `name`.", "id")
+
+
+class ControlSchema(RefusesNul, ma.Schema):
+    """One control of a job's `controls`: a ControlNet of the catalog and its image."""
+
+    controlnet = fields.String(
+        required=True,
+        validate=validate.Length(min=1, max=200),
+        metadata={
+            "description": "A ControlNet of the catalog (`[controlnets.NAME]`, listed by "
+            "`GET /v1/models` for each model it fits).",
+            "example": "canny",
+        },
+    )
+    image = fields.String(
+        required=True,
+        metadata={
+            "description": "The control image: an upload's id (`POST /v1/uploads`) or a "
+            "`data:` URI of a PNG, JPEG or WebP image. Resized to the output's size.",
+            "example": "01a1f3c2-7b7e-7c4d-9a59-3f2f0d1c8e11",
+        },
+    )
+    scale = fields.Float(
+        load_default=1.0,
+        allow_nan=False,
+        validate=validate.Range(min=0.0, max=control_rules.SCALE_LIMIT),
+        metadata={
+            "description": "How strongly it steers, 0..2; default 1.",
+            "example": 0.8,
+        },
+    )
+    start = fields.Float(
+        load_default=0.0,
+        allow_nan=False,
+        validate=validate.Range(min=0.0, max=1.0),
+        metadata={"description": "The fraction of the steps it starts at, 0..1; default 0."},
+    )
+    end = fields.Float(
+        load_default=1.0,
+        allow_nan=False,
+        validate=validate.Range(min=0.0, max=1.0),
+        metadata={
+            "description": "The fraction of the steps it stops at, above `start`; default 1."
+        },
+    )
+    preprocess = fields.String(
+        load_default="none",
+        validate=validate.OneOf(control_rules.PREPROCESSORS),
+        metadata={
+            "description": "`none`: the image is the condition already (an edge or depth "
+            "map); `canny`: its Canny edges, computed by the worker.",
+            "example": "canny",
+        },
+    )
 
 
 class _JobCreateFields(RefusesNul, ma.Schema):
@@ -122,6 +177,18 @@ class _JobCreateFields(RefusesNul, ma.Schema):
             "the model's `max_loras`; each must fit the model's family. Every kind takes "
             "them; they are part of the cache key and the manifest.",
             "example": [{"id": "01937c52-5d0e-7b9a-8e0f-6a2b4c1d9e33", "scale": 0.8}],
+        },
+    )
+    controls = fields.List(
+        fields.Nested(ControlSchema),
+        load_default=None,
+        metadata={
+            "description": "ControlNet conditioning, applied together: "
+            '`[{"controlnet": "canny", "image": …, "scale": 0.8, "preprocess": "canny"}]`. '
+            "At most the model's `max_controls`; each ControlNet must fit the model's "
+            "family. Image kinds only (txt2img, img2img, inpaint); part of the cache key "
+            "and the manifest.",
+            "example": [{"controlnet": "canny", "image": "data:image/png;base64,…"}],
         },
     )
     cancel_after = fields.Integer(
@@ -211,6 +278,7 @@ class _JobCreateFields(RefusesNul, ma.Schema):
             )
         errors = _resolve_inputs(kind, data)
         lora_errors = _resolve_loras(spec, data)
+        lora_errors.update(_resolve_controls(kind, spec, data))
         if not errors:
             width, height = kind.default_size(spec, data)
             data.setdefault("width", width)
@@ -272,6 +340,41 @@ def _resolve_loras(spec, data: dict[str, Any]) -> dict[str, Any]:
     if errors:
         return {"loras": errors}
     data["loras"] = found
+    return {}
+
+
+def _resolve_controls(kind, spec, data: dict[str, Any]) -> dict[str, Any]:
+    """The request's controls as the job keeps them (each image's digest), in place of
+    what the body said; the refusals under `controls` (by position and field)."""
+    from app.controls import Control
+
+    items = data.get("controls") or []
+    if not items:
+        data["controls"] = ()
+        return {}
+    most = 0 if kind.video or not spec.lora_family else spec.max_controls
+    if len(items) > most:
+        return {"controls": [f"At most {most} controls for model '{spec.name}' ({kind.name})."]}
+    found, errors = [], {}
+    catalog = services().catalog
+    for index, item in enumerate(items):
+        if not isinstance(item, dict) or not {"controlnet", "image"} <= set(item):
+            continue  # its fields' own errors say why
+        refused = control_rules.refusals(catalog.controlnets, spec.name, spec.lora_family, item)
+        field = control_rules.input_field(index)
+        try:
+            ref, needs = resolve_input(item["image"], field=field)
+        except InputRefused as exc:
+            refused["image"] = [exc.message]
+        else:
+            data["_keep"].append(needs)
+        if refused:
+            errors[index] = refused
+            continue
+        found.append(Control(**{**item, "image": ref.sha256}))
+    if errors:
+        return {"controls": errors}
+    data["controls"] = tuple(found)
     return {}
 
 

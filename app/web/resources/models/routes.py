@@ -59,6 +59,12 @@ def _view(spec: ModelSpec, default: str, paused: dict[str, pauses.Pause]) -> dic
         )
         if spec.lora_family
         else [],
+        "max_controls": spec.max_controls if spec.lora_family and not spec.video else 0,
+        "controlnets": sorted(
+            c.name for c in services().catalog.controlnets.values() if c.family == spec.lora_family
+        )
+        if spec.lora_family and not spec.video
+        else [],
         "paused": pause.as_dict() if pause else None,
     }
 

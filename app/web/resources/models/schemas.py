@@ -160,6 +160,20 @@ class ModelSchema(ma.Schema):
             "example": ["ink"],
         },
     )
+    max_controls = fields.Integer(
+        metadata={
+            "description": "ControlNet controls one job may carry (`controls`).",
+            "example": 2,
+        }
+    )
+    controlnets = fields.List(
+        fields.String(),
+        metadata={
+            "description": "The catalog's ControlNets that fit this model: a job names them "
+            "in `controls` by `controlnet`.",
+            "example": ["canny"],
+        },
+    )
     paused = fields.Nested(
         PauseSchema,
         allow_none=True,

@@ -1,0 +1,161 @@
+"""ControlNet conditioning: a job's `controls`, each a ControlNet of the catalog
+(`[controlnets.NAME]`) and a control image that steers the layout (edges, depth, pose).
+
+A control names its ControlNet, an image (an upload's id or a `data:` URI in a request;
+its digest in the stored job), a `scale` (how strongly it steers), and the part of the
+denoising it acts on (`start` .. `end`, fractions of the steps). `preprocess` turns the
+image into what the ControlNet was trained on before the call: `none` (the image is the
+condition already: an edge map, a depth map) or `canny` (OpenCV's Canny edges of it,
+computed by the worker, as the reference canny ControlNets were trained).
+
+A ControlNet fits a model when both are of one add-on family (app/adapters.py FAMILIES:
+sd15, sd2, sdxl, tiny), the same `lora_family` a model declares for its LoRAs: the
+family says the widths of the layers add-on weights attach to. So an SDXL ControlNet for
+an SD 1.5 model is a 422 naming the control, never a worker's crash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# A control's scale: 0 (no effect) .. SCALE_LIMIT (diffusers' own examples stay under 2).
+SCALE_LIMIT = 2.0
+PREPROCESSORS = ("none", "canny")
+# The stored request's key for a job's controls (absent for a job without).
+STORED_KEY = "controls"
+# OpenCV Canny's hysteresis thresholds, as the reference canny ControlNets used.
+CANNY_LOW, CANNY_HIGH = 100, 200
+# What one control adds to a job's work in the estimate: a ControlNet runs a copy of
+# the UNet's encoder half beside it at every step (about 0.4 of the UNet's cost).
+CONTROL_WORK = 0.4
+
+
+class ControlsError(ValueError):
+    """A `[controlnets.NAME]` table that cannot be used."""
+
+
+@dataclass(frozen=True)
+class ControlNetSpec:
+    """A ControlNet of the catalog (`[controlnets.NAME]`): a diffusers ControlNetModel
+    directory, read by the workers that serve a model of its `family`."""
+
+    name: str
+    path: Path
+    family: str
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    """One control of a job: its ControlNet, the image's digest (app/uploads.py), and
+    how it steers."""
+
+    controlnet: str
+    image: str
+    scale: float = 1.0
+    start: float = 0.0
+    end: float = 1.0
+    preprocess: str = "none"
+
+    def stored(self) -> dict[str, Any]:
+        return {
+            "controlnet": self.controlnet,
+            "image": self.image,
+            "scale": self.scale,
+            "start": self.start,
+            "end": self.end,
+            "preprocess": self.preprocess,
+        }
+
+    @classmethod
+    def of(cls, value: Any) -> Control:
+        if isinstance(value, Control):
+            return value
+        return cls(
+            str(value["controlnet"]),
+            str(value["image"]),
+            float(value.get("scale", 1.0)),
+            float(value.get("start", 0.0)),
+            float(value.get("end", 1.0)),
+            str(value.get("preprocess", "none")),
+        )
+
+
+def control_set(controls: tuple[Control, ...]) -> str:
+    """SHA-256 of the controls ("" for none): jobs of one set may share a pipeline call
+    (the same ControlNets, images and settings for every row)."""
+    if not controls:
+        return ""
+    canonical = json.dumps([c.stored() for c in controls], sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def input_field(index: int) -> str:
+    """The input-image field of control `index` (what the worker loads it under)."""
+    return f"controls.{index}.image"
+
+
+def controlnets_from_tables(
+    tables: Mapping[str, Any], base_dir: Path, families: Collection[str]
+) -> dict[str, ControlNetSpec]:
+    """The catalog's `[controlnets.NAME]` tables: `path` (a diffusers ControlNetModel
+    directory; relative to the models file) and `family` (one of `families`: app/adapters.py
+    FAMILIES, which the catalog passes)."""
+    found = {}
+    for name, table in tables.items():
+        unknown = set(table) - {"path", "family"}
+        if unknown:
+            raise ControlsError(f"controlnet {name!r}: unknown keys {sorted(unknown)}")
+        if "path" not in table or table.get("family") not in families:
+            raise ControlsError(
+                f"controlnet {name!r}: path and family (one of {sorted(families)}) are required"
+            )
+        path = Path(table["path"]).expanduser()
+        found[name] = ControlNetSpec(
+            name, path if path.is_absolute() else base_dir / path, table["family"]
+        )
+    return found
+
+
+def refusals(
+    controlnets: Mapping[str, ControlNetSpec], model: str, family: str, item: Mapping[str, Any]
+) -> dict[str, list[str]]:
+    """What is wrong with one requested control for a model of add-on `family`, by its
+    field (the field's own ranges are the schema's)."""
+    errors: dict[str, list[str]] = {}
+    chosen = controlnets.get(item["controlnet"])
+    if chosen is None:
+        offered = sorted(n for n, c in controlnets.items() if c.family == family)
+        errors["controlnet"] = [
+            "No such ControlNet in the catalog. For model "
+            f"'{model}': {', '.join(offered) or 'none'}."
+        ]
+    elif chosen.family != family:
+        errors["controlnet"] = [
+            f"ControlNet '{chosen.name}' is for {chosen.family} models; "
+            f"model '{model}' takes {family} add-ons."
+        ]
+    if item.get("start", 0.0) >= item.get("end", 1.0):
+        errors["end"] = ["Must be greater than start."]
+    return errors
+
+
+def preprocessed(image: Any, preprocess: str, width: int, height: int) -> Any:
+    """The control image as its ControlNet reads it: RGB at the output's size, with the
+    preprocessing applied (PIL in, PIL out)."""
+    from PIL import Image
+
+    image = image.convert("RGB")
+    if image.size != (width, height):
+        image = image.resize((width, height), resample=Image.Resampling.LANCZOS)
+    if preprocess == "canny":
+        import cv2
+        import numpy as np
+
+        edges = cv2.Canny(np.asarray(image.convert("L")), CANNY_LOW, CANNY_HIGH)
+        image = Image.fromarray(edges).convert("RGB")
+    return image
