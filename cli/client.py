@@ -138,11 +138,40 @@ def _loras(values) -> list[dict]:
     return loras
 
 
+def _controls(client: Client, values) -> list[dict]:
+    """`--control NAME=FILE[,scale=S][,start=A][,end=B][,preprocess=canny]`: a ControlNet of
+    the catalog and a control image, uploaded here."""
+    controls = []
+    for value in values or ():
+        name, _, rest = value.partition("=")
+        path, *settings = rest.split(",")
+        if not name or not path:
+            raise ValueError(f"--control {value}: give NAME=FILE (a ControlNet and an image)")
+        control: dict = {"controlnet": name}
+        for setting in settings:
+            key, _, given = setting.partition("=")
+            if key not in ("scale", "start", "end", "preprocess") or not given:
+                raise ValueError(
+                    f"--control {value}: {setting!r} is not scale=, start=, end= or preprocess="
+                )
+            try:
+                control[key] = given if key == "preprocess" else float(given)
+            except ValueError:
+                raise ValueError(f"--control {value}: {key} must be a number") from None
+        if not Path(path).is_file():
+            raise ValueError(f"--control {value}: no file {path}")
+        control["image"] = client.upload(path)["id"]
+        controls.append(control)
+    return controls
+
+
 def _with_inputs(client: Client, body: dict, options: dict) -> dict:
     """An image (and a mask) uploaded, the job made image to image (or inpainting); the
-    adapters of `--lora`."""
+    adapters of `--lora`; the controls of `--control`, their images uploaded."""
     if options.get("lora"):
         body["loras"] = _loras(options["lora"])
+    if options.get("control"):
+        body["controls"] = _controls(client, options["control"])
     image, mask = options.get("image"), options.get("mask")
     if image is None:
         if mask is not None or options.get("strength") is not None:
@@ -290,6 +319,13 @@ _request = _options(
         metavar="ID[:SCALE]",
         help="a LoRA adapter: its id (POST /v1/adapters) or a shared adapter's name, "
         "with its scale (default 1); repeat for several",
+    ),
+    click.option(
+        "--control",
+        multiple=True,
+        metavar="NAME=FILE[,scale=S][,start=A][,end=B][,preprocess=canny]",
+        help="a ControlNet of the catalog (GET /v1/models lists them) and a control image, "
+        "uploaded; repeat for several",
     ),
 )
 _json = click.option("--json", "as_json", is_flag=True, help="print JSON")

@@ -317,6 +317,49 @@ def test_generate_with_lora_adapters(api_server, worker, tenant_key, tmp_path):
     assert bad.returncode == 2 and "loras" in bad.stderr
 
 
+def test_generate_with_a_control_and_the_python_client_with_controls(
+    api_server, worker, tenant_key, tmp_path, stack
+):
+    """`--control NAME=FILE,...` uploads the control image and names the ControlNet; the
+    Python client passes `controls` as any field; a bad setting is one line, exit 2."""
+    from diffq.client import Client
+    from testbed.stack import build_tiny_controlnet
+
+    build_tiny_controlnet(stack)
+    layout = Image.new("RGB", (64, 64), (0, 0, 0))
+    layout.paste((255, 255, 255), (20, 10, 44, 54))
+    layout.save(tmp_path / "layout.png")
+    made = diffq(
+        api_server, tenant_key, "generate", "a tower", "--steps", "2", "-q",
+        "--control", f"tiny-canny={tmp_path / 'layout.png'},scale=0.6,preprocess=canny,end=0.9",
+        "-o", str(tmp_path / "c.png"),
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    [job] = json.loads(diffq(api_server, tenant_key, "jobs", "list", "--json").stdout)["data"][:1]
+    [control] = job["input"]["controls"]
+    assert (control["controlnet"], control["scale"], control["end"], control["preprocess"]) == (
+        "tiny-canny",
+        0.6,
+        0.9,
+        "canny",
+    )
+    with Client(api_server.url, tenant_key) as client:
+        upload = client.uploads.create(tmp_path / "layout.png")
+        handle = client.jobs.create(
+            "a tower", steps=2, controls=[{"controlnet": "tiny-canny", "image": upload["id"]}]
+        )
+        assert handle.wait()["result"]["manifest"]["controls"][0]["scale"] == 1.0
+    bad = diffq(
+        api_server, tenant_key, "generate", "x", "--control", "tiny-canny=layout.png,size=2"
+    )
+    assert bad.returncode == 2 and "size=2" in bad.stderr and "Traceback" not in bad.stderr
+    foreign = diffq(
+        api_server, tenant_key, "generate", "x",
+        "--control", f"sdxl-canny={tmp_path / 'layout.png'}",
+    )  # fmt: skip
+    assert foreign.returncode == 2 and "controls" in foreign.stderr, foreign.stderr
+
+
 def test_an_operators_command_on_a_database_it_cannot_use_is_one_clear_line(tmp_path, stack):
     """An empty database (never upgraded), a server that is away: one line naming the
     database (never its password) and what to check, exit 3, no traceback. A plain
