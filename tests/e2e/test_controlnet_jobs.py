@@ -158,6 +158,30 @@ def test_the_same_control_is_a_cache_hit_and_another_image_is_not(
     assert c["cached_from"] is None
 
 
+def test_an_upload_previews_as_the_edges_its_controlnet_reads(api_server, tenant_key, other_key):
+    import numpy as np
+
+    upload = _upload(api_server, tenant_key, _square())
+
+    def preview(key=tenant_key, **query):
+        return requests.get(
+            f"{api_server.url}/v1/uploads/{upload}/control",
+            params=query,
+            headers=auth(key),
+            timeout=10,
+        )
+
+    canny = preview()
+    assert canny.status_code == 200 and canny.headers["Content-Type"] == "image/png"
+    edges = np.asarray(Image.open(io.BytesIO(canny.content)))
+    assert edges.shape == (64, 64, 3) and set(np.unique(edges)) == {0, 255}
+    assert edges[32, 32].tolist() == [0, 0, 0] and edges[16, 16:48].any()  # the outline
+    same = np.asarray(Image.open(io.BytesIO(preview(preprocess="none").content)))
+    assert same[32, 32].tolist() == [230, 120, 40]  # as uploaded
+    assert preview(preprocess="depth").status_code == 422
+    assert preview(key=other_key).status_code == 404
+
+
 def _refused(api_server, key, db, body) -> dict:
     before = _counts(db)
     answer = requests.post(f"{api_server.url}/v1/jobs", json=body, headers=auth(key), timeout=10)

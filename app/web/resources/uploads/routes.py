@@ -11,7 +11,7 @@ from flask.views import MethodView
 from flask_smorest import abort
 from marshmallow import fields
 
-from app import uploads
+from app import controls, uploads
 from app.uploads import InputRefused, input_key
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
@@ -170,3 +170,45 @@ class UploadContent(MethodView):
         row = _found(upload_id)
         key = input_key(row.tenant_id, row.sha256)
         return redirect(svc.storage.url(key, svc.settings.presign_ttl), 302)
+
+
+class ControlQuerySchema(ma.Schema):
+    preprocess = fields.String(
+        load_default="canny",
+        validate=ma.validate.OneOf(controls.PREPROCESSORS),
+        metadata={"description": "`canny` (default) or `none`, as a job's control says."},
+    )
+
+
+@blp.route("/<uuid:upload_id>/control")
+class UploadControl(MethodView):
+    @blp.arguments(ControlQuerySchema, location="query")
+    @blp.response(
+        200,
+        description="The PNG a ControlNet reads, at the upload's size.",
+        content_type="image/png",
+    )
+    @blp.alt_response(401, description="No or bad API key.")
+    @blp.alt_response(404, description="No such upload (or not yours, or expired).")
+    @blp.alt_response(422, description="An unknown `preprocess`.")
+    def get(self, query, upload_id: uuid.UUID):
+        """Preview an upload as a control image
+
+        What a job's control with this image and `preprocess` gives its ControlNet (the
+        worker resizes it to the job's output first): with `canny`, OpenCV's Canny edges,
+        white on black. The page shows it beside the control field.
+        """
+        import io
+
+        from flask import send_file
+        from PIL import Image
+
+        svc = services()
+        row = _found(upload_id)
+        data = svc.storage.get(input_key(row.tenant_id, row.sha256))
+        image = Image.open(io.BytesIO(data))
+        made = controls.preprocessed(image, query["preprocess"], image.width, image.height)
+        buffer = io.BytesIO()
+        made.save(buffer, format="PNG")
+        buffer.seek(0)
+        return send_file(buffer, mimetype="image/png", max_age=0)

@@ -1,6 +1,7 @@
 // The request form: the model's limits shown and the API's 422 messages beside their field.
 import { chosenLoras, fillLoras, offerAdapters, showLoraErrors } from "./adapters.js";
 import { api, ApiError } from "./api.js";
+import { chosenControls, fillControls, offerControls, setupControls, showControlErrors } from "./controls.js";
 import { inputSize, pictureFields, showPicture } from "./picture.js";
 import {
   applyVideoLimits, clipHint, isVideo, showVideo, VIDEO_FIELDS,
@@ -65,7 +66,8 @@ export function showErrors(fields) {
     }
   }
   const lora = showLoraErrors(fields.loras);
-  return first || lora;
+  const controls = showControlErrors(fields.controls);
+  return first || lora || controls;
 }
 
 function clearErrors(names) {
@@ -102,6 +104,7 @@ function applyLimits(model, fillDefaults) {
   applyVideoLimits(model, fillDefaults);
   offerKinds(model);
   offerAdapters(model);
+  offerControls(model, !isVideo(kind()));
   sizeHint();
   setText("hint-steps", `1 to ${limits.max_steps}`);
   setText("hint-guidance_scale", `0 to ${limits.max_guidance}`);
@@ -200,6 +203,7 @@ function kindChanged() {
   const name = kind();
   showPicture(name);
   showVideo(name);
+  offerControls(models.get(input("model").value) || null, !isVideo(name));
   if (DEFAULT_STRENGTH[name] !== undefined) {
     input("strength").value = DEFAULT_STRENGTH[name];
     showStrength();
@@ -271,6 +275,8 @@ export function readRequest() {
 // upload and the painted mask's (uploaded now).
 export async function readJob() {
   const body = readRequest();
+  const controls = isVideo(body.kind) ? [] : await chosenControls();
+  if (controls.length) body.controls = controls;
   if (!FROM_IMAGE.has(body.kind)) return body;
   return { ...body, ...(await pictureFields(body.kind)) };
 }
@@ -293,6 +299,7 @@ export function fillForm(params, { newSeed = false } = {}) {
     input(name).value = params[name] === null ? "" : params[name];
   }
   fillLoras(params.loras);
+  fillControls(params.controls);
   if (newSeed) input("seed").value = "";
   clipHint(models.get(input("model").value));
   scheduleEstimate();
@@ -405,6 +412,7 @@ export function pictureChanged() {
 }
 
 export function watchForm() {
+  setupControls(edited);
   input("model").addEventListener("change", () => {
     applyLimits(models.get(input("model").value), true);
   });
