@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from app.config import Settings
-from app.controls import ControlNetSpec, ControlsError, controlnets_from_tables
+from app.controls import ControlNetSpec
 from app.families import DEFAULT_FAMILY, FAMILIES
 from app.presets import PRESETS
 from app.rules import MAX_STEPS, SCHEDULER_NAMES, schedulers_for
@@ -499,33 +499,37 @@ def load_catalog(settings: Settings) -> Catalog:
         name: _adapter_from_table(name, t, base_dir)
         for name, t in (data.get("adapters") or {}).items()
     }
-    from app.adapters import FAMILIES as ADDON_FAMILIES
-
-    try:
-        tables = data.get("controlnets") or {}
-        controlnets = controlnets_from_tables(tables, base_dir, ADDON_FAMILIES)
-    except ControlsError as exc:
-        raise CatalogError(str(exc)) from exc
+    controlnets = {
+        name: ControlNetSpec(name, *_addon_table("controlnet", name, t, base_dir))
+        for name, t in (data.get("controlnets") or {}).items()
+    }
     return Catalog(models=models, default_model=default, adapters=adapters, controlnets=controlnets)
+
+
+def _addon_table(what: str, name: str, table: dict, base_dir: Path, *extra: str) -> tuple:
+    """An add-on's table (`[adapters.NAME]`, `[controlnets.NAME]`): its `path` (relative
+    to the models file) and its `family` (app/adapters.py FAMILIES: sd15, sd2, sdxl, tiny);
+    `extra` keys are allowed too."""
+    from app.adapters import FAMILIES
+
+    unknown = set(table) - {"path", "family", *extra}
+    if unknown:
+        raise CatalogError(f"{what} {name!r}: unknown keys {sorted(unknown)}")
+    if "path" not in table or table.get("family") not in FAMILIES:
+        raise CatalogError(
+            f"{what} {name!r}: path and family (one of {sorted(FAMILIES)}) are required"
+        )
+    path = Path(table["path"]).expanduser()
+    return (path if path.is_absolute() else base_dir / path), table["family"]
 
 
 def _adapter_from_table(name: str, table: dict, base_dir: Path) -> AdapterSpec:
     import hashlib
 
-    from app.adapters import FAMILIES
-
-    unknown = set(table) - {"path", "family", "sha256"}
-    if unknown:
-        raise CatalogError(f"adapter {name!r}: unknown keys {sorted(unknown)}")
-    if "path" not in table or table.get("family") not in FAMILIES:
-        raise CatalogError(
-            f"adapter {name!r}: path and family (one of {sorted(FAMILIES)}) are required"
-        )
-    path = Path(table["path"]).expanduser()
-    path = path if path.is_absolute() else base_dir / path
+    path, family = _addon_table("adapter", name, table, base_dir, "sha256")
     sha256 = table.get("sha256")
     if path.is_file():
         sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
     if not sha256:
         raise CatalogError(f"adapter {name!r}: {path} is not readable here; give its sha256")
-    return AdapterSpec(name, path, table["family"], sha256)
+    return AdapterSpec(name, path, family, sha256)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,10 +33,6 @@ CANNY_LOW, CANNY_HIGH = 100, 200
 # What one control adds to a job's work in the estimate: a ControlNet runs a copy of
 # the UNet's encoder half beside it at every step (about 0.4 of the UNet's cost).
 CONTROL_WORK = 0.4
-
-
-class ControlsError(ValueError):
-    """A `[controlnets.NAME]` table that cannot be used."""
 
 
 @dataclass(frozen=True)
@@ -97,28 +93,6 @@ def control_set(controls: tuple[Control, ...]) -> str:
 def input_field(index: int) -> str:
     """The input-image field of control `index` (what the worker loads it under)."""
     return f"controls.{index}.image"
-
-
-def controlnets_from_tables(
-    tables: Mapping[str, Any], base_dir: Path, families: Collection[str]
-) -> dict[str, ControlNetSpec]:
-    """The catalog's `[controlnets.NAME]` tables: `path` (a diffusers ControlNetModel
-    directory; relative to the models file) and `family` (one of `families`: app/adapters.py
-    FAMILIES, which the catalog passes)."""
-    found = {}
-    for name, table in tables.items():
-        unknown = set(table) - {"path", "family"}
-        if unknown:
-            raise ControlsError(f"controlnet {name!r}: unknown keys {sorted(unknown)}")
-        if "path" not in table or table.get("family") not in families:
-            raise ControlsError(
-                f"controlnet {name!r}: path and family (one of {sorted(families)}) are required"
-            )
-        path = Path(table["path"]).expanduser()
-        found[name] = ControlNetSpec(
-            name, path if path.is_absolute() else base_dir / path, table["family"]
-        )
-    return found
 
 
 def refusals(

@@ -118,12 +118,17 @@ def build_tiny_model(
         if inpainting or family not in BUILDERS:
             raise ValueError(f"no tiny {family!r} model{' for inpainting' * inpainting}")
         pipeline = BUILDERS[family](seed)
+    return _saved(pipeline, out_dir)
+
+
+def _saved(made, out_dir: str | Path) -> Path:
+    """`made.save_pretrained` to `out_dir`, built beside it and renamed, so that a reader
+    never sees half a model."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename, so a reader never sees half a model.
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
         staging = Path(tmp) / "model"
-        pipeline.save_pretrained(staging)
+        made.save_pretrained(staging)
         for path in [staging, *staging.rglob("*")]:
             path.chmod(0o755 if path.is_dir() else 0o644)
         if out.exists():
@@ -216,15 +221,4 @@ def tiny_controlnet(seed: int = 0, *, strength: float = 0.05):
 
 def build_tiny_controlnet(out_dir: str | Path, seed: int = 0) -> Path:
     """Save `tiny_controlnet(seed)` to `out_dir`; a reader never sees half a directory."""
-    controlnet = tiny_controlnet(seed)
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
-        staging = Path(tmp) / "controlnet"
-        controlnet.save_pretrained(staging)
-        for path in [staging, *staging.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        if out.exists():
-            raise FileExistsError(f"{out} already exists")
-        staging.rename(out)
-    return out
+    return _saved(tiny_controlnet(seed), out_dir)
