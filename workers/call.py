@@ -94,10 +94,11 @@ def job_scheduler(model: LoadedModel, name: str) -> Any:
 
 
 def kind_pipeline(
-    model: LoadedModel, kind: JobKind, controlnets: Mapping[str, Any] | None = None
+    model: LoadedModel, kind: JobKind, controlnets: Sequence[tuple[str, Any]] = ()
 ) -> Any:
     """The kind's pipeline on the model's weights, derived once per model (and per
-    ControlNets, in their order: workers/controls.py)."""
+    ControlNets, by name in the controls' order, one named twice counted twice:
+    workers/controls.py)."""
     if not controlnets:
         pipeline = model.kind_pipelines.get(kind.name)
         if pipeline is None:
@@ -105,13 +106,13 @@ def kind_pipeline(
                 model.pipeline, kind.pipeline_for(model.spec.family)
             )
         return pipeline
-    key = (kind.name, *controlnets)
+    key = (kind.name, *(name for name, _ in controlnets))
     pipeline = model.kind_pipelines.get(key)
     if pipeline is None:
         from workers.controls import derived_with
 
         pipeline = model.kind_pipelines[key] = derived_with(
-            model.pipeline, kind.pipeline_for(model.spec.family), list(controlnets.values())
+            model.pipeline, kind.pipeline_for(model.spec.family), [m for _, m in controlnets]
         )
     return pipeline
 
@@ -202,8 +203,8 @@ def _call(
     with model.lock:
         if jobs[0].loras or model.adapters.loaded:
             model.adapters.activate(model.pipeline, jobs[0].loras, adapters or {})
-        named = [control.controlnet for control in jobs[0].controls]
-        pipeline = kind_pipeline(model, kind, {n: controlnets[n] for n in named} or None)
+        named = [(c.controlnet, controlnets[c.controlnet]) for c in jobs[0].controls]
+        pipeline = kind_pipeline(model, kind, named)
         scheduler = pipeline.scheduler = job_scheduler(model, jobs[0].scheduler)
         eager = denoiser_for(model, pipeline, jobs[0].width, jobs[0].height)
         cuttable = row_inputs(pipeline)

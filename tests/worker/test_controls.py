@@ -113,6 +113,13 @@ def test_two_controls_run_together(tiny_model, controlnets):
         images=[_square(), _square(box=(0, 0, 32, 64))],
     )
     assert both != one
+    twice = _run(
+        tiny_model,
+        controlnets,
+        controls=[{"controlnet": "edges"}, {"controlnet": "edges", "scale": 0.5}],
+        images=[_square(), _square(box=(0, 0, 32, 64))],
+    )  # one ControlNet named by two controls: a MultiControlNet of it twice
+    assert twice not in (one, both)
 
 
 @pytest.mark.parametrize("kind", ["img2img", "inpaint"])
