@@ -7,6 +7,8 @@ import time
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, TimeLimitExceeded
+from celery.worker import state as worker_state
+from celery.worker.request import Request
 from sqlalchemy.exc import DBAPIError
 
 from app.jobs.payload import GENERATE_TASK
@@ -19,11 +21,17 @@ log = logging.getLogger(__name__)
 DATABASE_RETRY_PAUSE = 2.0
 
 
+class GenerateRequest(Request):
+    def on_timeout(self, soft, timeout):
+        # A hard time limit kills the pool child; this runs in the worker's main process,
+        # which knows the child (so the job fails only while that child's run holds it).
+        if not soft and not worker_state.should_terminate and self.args:
+            record_hard_timeout(self.args[0], TimeLimitExceeded(timeout), self.worker_pid)
+        super().on_timeout(soft, timeout)
+
+
 class GenerateTask(Task):
-    def on_failure(self, exc, task_id, args, kwargs, einfo):
-        # A hard time limit kills the pool child; this runs in the worker's main process.
-        if isinstance(exc, TimeLimitExceeded) and args:
-            record_hard_timeout(args[0], exc)
+    Request = GenerateRequest
 
 
 # acks_late: the message is acked only once the outcome is recorded. Whether a lost pool

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from testbed.lan import Lan, Machine
+from testbed.ports import wait_for_port
 from testbed.private_rabbit import _tool
 
 PORT = 5672
@@ -95,7 +96,12 @@ class Node:
         return self.ctl("await_startup", "--timeout", "2", timeout=10).returncode == 0
 
     def wait_serving(self, timeout: float) -> None:
+        """Its AMQP listener first (a TCP probe costs nothing), then rabbitmqctl. Each
+        rabbitmqctl call starts an Erlang VM, about a CPU-second: three booting nodes
+        polled that way twice a second starved each other of a 2-core machine's CPU, and
+        a node once took longer than its timeout to start."""
         deadline = time.monotonic() + timeout
+        wait_for_port(PORT, timeout=timeout, host=self.machine.address)
         while not self.serving():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"RabbitMQ node {self.name} did not start")
@@ -134,7 +140,7 @@ class RabbitCluster:
         self.lan = Lan()
         self.nodes: list[Node] = []
 
-    def create(self, timeout: float = 120) -> RabbitCluster:
+    def create(self, timeout: float = 240) -> RabbitCluster:
         self.home.mkdir(parents=True, exist_ok=True)
         cookie = self.home / ".erlang.cookie"
         cookie.write_text(os.urandom(16).hex().upper())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,10 @@ class ProgressReporter:
         self.writes = 0
         self.owner = True
         self.last_step = 0
+        # The first step seen and when (monotonic): the pace counts from it, so neither the
+        # time before denoising (loading, encoding the prompt) nor a resumed run's earlier
+        # steps make it look slower or faster than it runs.
+        self._first: tuple[int, float] | None = None
 
     def _emit(self, progress: dict[str, Any]) -> bool:
         with self._lock:
@@ -89,8 +94,17 @@ class ProgressReporter:
             self.owner = False
         if not self.owner:
             return False
-        self._queue(progress_of("decoding" if step >= total else "denoising", step, total))
+        stage = "decoding" if step >= total else "denoising"
+        self._queue(progress_of(stage, step, total, self._pace(step)))
         return True
+
+    def _pace(self, step: int) -> float | None:
+        """Seconds per denoising step since the first step this run saw (None before two)."""
+        now = time.monotonic()
+        if self._first is None or step < self._first[0]:
+            self._first = (step, now)
+        first_step, first_at = self._first
+        return (now - first_at) / (step - first_step) if step > first_step else None
 
     def _flush_loop(self) -> None:
         """Write the newest pending step, then rest for the interval; idle while none come."""

@@ -99,24 +99,34 @@ def cost_model(session: Session, model: str) -> CostModel | None:
     )
 
 
+def _steps_left(progress: dict, elapsed: float) -> float | None:
+    """A denoising job's seconds left at its own pace: the one its worker measured from its
+    second step on (`seconds_per_step`), else its seconds since it started per step done.
+    The latter counts loading and encoding the prompt as denoising: early in a run (and a
+    long way into one whose model was loaded for it) it promised twice the time left."""
+    step, total = progress.get("step", 0), progress.get("total_steps", 0)
+    if progress.get("stage") != "denoising" or not 0 < step < total:
+        return None
+    pace = progress.get("seconds_per_step")
+    if pace is None:
+        pace = elapsed / step
+    return pace * (total - step)
+
+
 def _remaining(cost: CostModel, units: float, progress: dict | None, elapsed: float) -> float:
     """A running job's time left: from its own pace once it is denoising, else the model."""
-    progress = progress or {}
-    step, total = progress.get("step", 0), progress.get("total_steps", 0)
-    if progress.get("stage") == "denoising" and 0 < step < total:
-        return elapsed * (total - step) / step
-    return max(0.0, cost.seconds(units) - elapsed)
+    left = _steps_left(progress or {}, elapsed)
+    return max(0.0, cost.seconds(units) - elapsed) if left is None else left
 
 
 def running_eta(job: Job) -> QueueInfo | None:
     """A running job's seconds left, from its own pace once it is denoising (a long clip's
     "about 3 minutes left"); None before its first step."""
-    progress = job.progress or {}
-    step, total = progress.get("step", 0), progress.get("total_steps", 0)
-    if job.started_at is None or progress.get("stage") != "denoising" or not 0 < step < total:
+    if job.started_at is None:
         return None
     elapsed = max(0.0, (utcnow() - job.started_at).total_seconds())
-    return QueueInfo(None, round(elapsed * (total - step) / step, 1))
+    left = _steps_left(job.progress or {}, elapsed)
+    return None if left is None else QueueInfo(None, round(left, 1))
 
 
 def fair_window(settings) -> float | None:

@@ -34,11 +34,18 @@ def relaxed_commit(session: Session) -> None:
         session.execute(text("SET LOCAL synchronous_commit = off"))
 
 
-def progress_of(stage: str, step: int = 0, total_steps: int = 0) -> dict[str, Any]:
+def progress_of(
+    stage: str, step: int = 0, total_steps: int = 0, seconds_per_step: float | None = None
+) -> dict[str, Any]:
+    """`seconds_per_step`: the denoising pace this delivery has measured (the worker's, from
+    its second step on), given while denoising."""
     percent = round(100.0 * step / total_steps, 1) if total_steps else 0.0
     if stage in ("uploading", "done"):
         percent = 100.0
-    return {"stage": stage, "step": step, "total_steps": total_steps, "percent": percent}
+    progress = {"stage": stage, "step": step, "total_steps": total_steps, "percent": percent}
+    if seconds_per_step is not None:
+        progress["seconds_per_step"] = round(seconds_per_step, 4)
+    return progress
 
 
 def change(session: Session, job_id: uuid.UUID, *conditions: ColumnElement, **values) -> bool:

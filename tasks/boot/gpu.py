@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 
@@ -167,30 +168,46 @@ def release(**_kwargs) -> None:
         _runtime.db.dispose()
 
 
-def record_hard_timeout(payload, exc) -> None:
-    """In the main process: mark a job whose pool child was killed by the hard time
-    limit as failed/timeout."""
+def record_hard_timeout(payload, exc, pid: int | None) -> None:
+    """In the main process: mark a job whose pool child (`pid`) was killed by the hard time
+    limit as failed/timeout, if that child's run still held it. A run that hung may have
+    been taken back since (its lease lapsed) and be running again elsewhere, or here in
+    another child: that run is the job's now, and a limit on the hung one is not its."""
     from app.db.models import Job
     from app.jobs import transitions
     from app.jobs.payload import InvalidPayload, parse_payload
-    from app.jobs.states import ErrorCode
+    from app.jobs.states import ErrorCode, JobStatus
 
     try:
         job_id = parse_payload(payload).job_id
     except InvalidPayload:
         return
+    child = f"{socket.gethostname()}:{pid}:" if pid else f"{socket.gethostname()}:"
     with services().db.session() as session:
+        job = session.get(Job, job_id)
+        held = job is not None and job.status == JobStatus.RUNNING
+        owner = job.lease_owner if held else None
+        if not owner or not owner.startswith(child):
+            log.warning(
+                "job %s: a hung run of it was stopped by the hard time limit; the job is no "
+                "longer that run's (%s), so its state stands",
+                job_id,
+                job.status.value if job is not None else "gone",
+                extra={"job_id": str(job_id)},
+            )
+            return
         failed = transitions.finish_failed(
             session,
             job_id,
             code=ErrorCode.TIMEOUT,
             message=f"the job exceeded its hard time limit ({exc}) and was stopped",
+            owner=owner,
         )
-        job = session.get(Job, job_id) if failed else None
-    if job is not None:
+        model = job.model
+    if failed:
         from app.metrics.instruments import JOBS_FINISHED
 
-        JOBS_FINISHED.labels(job.model, "failed", ErrorCode.TIMEOUT.value).inc()
+        JOBS_FINISHED.labels(model, "failed", ErrorCode.TIMEOUT.value).inc()
     log.error("job %s stopped by the hard time limit", job_id, extra={"job_id": str(job_id)})
 
 

@@ -4,7 +4,8 @@ from a file the test rewrites; its monotonic clock is left alone, as a real step
 
 Leases are written and compared on the database's clock (app/db/clock.py), so:
 - a jump back must not make the running job's lease look expired, which would let the
-  reaper hand it to another worker while it still runs (a second generation);
+  reaper hand it back to the queue while it still runs (a second generation, and a
+  second attempt);
 - a jump forward must not make a hung job's lease last as long as the jump: the reaper
   takes it back within the lease (10 s here), not at the hard time limit or later.
 
@@ -30,8 +31,17 @@ from tests.faults.killing import child_pid, parent_pid
 
 pytestmark = [pytest.mark.faults, pytest.mark.services]
 
-LONG_JOB = {"steps": 400, "width": 128, "height": 128}  # tens of seconds on the tiny model
+# Long jobs are of `tiny-long`, whose queue only the jumpy worker consumes: each runs there
+# at once. (Of the shared queue, each landed on `fa` half the time, a minute of its cores
+# under load, and the next waited behind the steady load's backlog: under load, no long
+# job reached the jumpy worker within 180 s.)
+LONG_JOB = {"model": "tiny-long", "steps": 400, "width": 128, "height": 128}  # tens of s
+# The job frozen by the jump forward need only be running 2 s after its first step: it is
+# run again from its start once taken back, so a shorter one keeps that rerun well inside
+# its time limit on a slow machine (a 400-step rerun once ran past 300 s under CI's load).
+HUNG_JOB = {**LONG_JOB, "steps": 150}
 NAME = "fj"  # the worker whose clock jumps; `fa` on the host is the rest of the fleet
+MODELS = "tiny,tiny-long"  # the jumpy worker's: the shared queue, and the long jobs'
 # A short job every 2 s: within what the two workers serve beside the long job on a
 # loaded machine (at one a second the backlog grew for the whole scenario).
 STEADY_PERIOD = 2.0
@@ -66,6 +76,7 @@ class Jumpy:
                 "FAKETIME_CACHE_DURATION": "1",  # the file is read again every second
                 "FAKETIME_DONT_FAKE_MONOTONIC": "1",
             },
+            models=MODELS,
         )
 
     def set_offset(self, offset: str) -> None:
@@ -105,7 +116,7 @@ def quiet_queue(fault_stack, jumpy) -> None:
     fault_stack.stop_workers(["fb"])
     fault_stack.ensure_workers(("fa",))
     if jumpy.worker.process.poll() is not None:
-        jumpy.worker = fault_stack.start_worker(NAME, jumpy.worker.env)
+        jumpy.worker = fault_stack.start_worker(NAME, jumpy.worker.env, MODELS)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         with fault_stack.db.session() as session:
@@ -120,25 +131,20 @@ def quiet_queue(fault_stack, jumpy) -> None:
     pytest.fail(f"{busy} jobs still queued or running from an earlier scenario")
 
 
-def long_job_on(sc: Scenario, jumpy: Jumpy, timeout: float = 180.0):
-    """A long job generating on the jumpy worker: submitted until one lands there, the
-    next only once the last has started (each that lands on `fa` instead costs a minute
-    of its two cores, and queued ones would only add to the backlog)."""
+def long_job_on(sc: Scenario, jumpy: Jumpy, job: dict = LONG_JOB, timeout: float = 180.0):
+    """A long job generating on the jumpy worker (the only one that consumes its queue; it
+    starts once the worker's current short job ends)."""
+    job_id = sc.submit(prompt=f"{sc.figures.scenario.split()[0]}-long", **job)
+    assert job_id is not None, "the long job was refused"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        rows = sc.rows().values()
-        long_rows = [row for row in rows if row.input.get("steps") == LONG_JOB["steps"]]
-        for row in long_rows:
-            if (
-                row.status == JobStatus.RUNNING
-                and (row.progress or {}).get("stage") == "denoising"
-                and jumpy.runs(row)
-            ):
-                return row
-        if not any(row.status == JobStatus.QUEUED for row in long_rows):
-            sc.submit(prompt=f"{sc.figures.scenario.split()[0]}-long", **LONG_JOB)
+        row = sc.row(job_id)
+        if row.status.terminal:
+            raise AssertionError(f"the long job ended before it was seen running: {row.status}")
+        if (row.progress or {}).get("stage") == "denoising" and jumpy.runs(row):
+            return row
         time.sleep(0.1)
-    raise AssertionError("no long job ran on the jumpy worker")
+    raise AssertionError(f"the long job did not start on the jumpy worker in {timeout:.0f} s")
 
 
 def assert_once(fig, takeovers: int = 0, sc: Scenario | None = None, victim=None) -> None:
@@ -179,7 +185,7 @@ def test_n7_a_jump_forward_does_not_stretch_a_hung_jobs_lease(fault_stack, jumpy
     sc = Scenario("N7 clock jump forward 5 min + hung job", fault_stack, fault_stack.new_key())
     with SteadyLoad(sc, STEADY_PERIOD, prompt="N7", steps=16):
         jumpy.set_offset("+5m")
-        victim = long_job_on(sc, jumpy)
+        victim = long_job_on(sc, jumpy, HUNG_JOB)
         time.sleep(2)  # renewed at least once on the jumped clock
         owner = sc.row(str(victim.id)).lease_owner
         pid = child_pid(sc.row(str(victim.id)))
@@ -204,7 +210,9 @@ def test_n7_a_jump_forward_does_not_stretch_a_hung_jobs_lease(fault_stack, jumpy
     print(f"N7 forward: the hung job was taken back {taken_back:.1f} s after it froze")
     # The lease is 10 s and the reaper passes every 0.5 s: well inside 30 s.
     assert taken_back < 30, fig.line()
-    assert rows[str(victim.id)].status == JobStatus.SUCCEEDED, fig.line()
+    ended = rows[str(victim.id)]
+    said = f"{fig.line()}; the hung job {ended.status.value} ({ended.error_message})"
+    assert ended.status == JobStatus.SUCCEEDED, said
     # The frozen run never finished (no duplicate result). Its job was claimed once more,
     # by the worker that took it back, and only then: the frozen process, killed, has its
     # message redelivered, which is stale by then (the job was handed back since) and

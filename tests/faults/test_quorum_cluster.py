@@ -185,11 +185,14 @@ def _by_hand(restarted: list[str]) -> str:
 
 
 def _until(condition, timeout: float) -> float | None:
+    """Polled once a second: a condition asks rabbitmqctl, and each call starts an Erlang
+    VM (about a CPU-second), which a tighter loop spends from the machine the rest of the
+    suite shares."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
         if condition():
             return time.monotonic() - started
-        time.sleep(0.25)
+        time.sleep(1.0)
     return None
 
 

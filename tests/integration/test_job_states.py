@@ -251,3 +251,34 @@ def test_a_lease_that_ran_out_while_the_database_restarted_is_not_reaped_at_once
         session.close()
     assert job_id not in century
     assert job_id in expired
+
+
+def test_a_hard_time_limit_fails_the_job_only_while_the_run_it_stopped_holds_it(
+    db, job_id, monkeypatch
+):
+    """A hung run's lease lapsed and another pool child took the job over; when the hung
+    child's hard time limit comes, the job it no longer holds runs on (tasks/boot/gpu.py)."""
+    import socket
+    from types import SimpleNamespace
+
+    from celery.exceptions import TimeLimitExceeded
+
+    from app.db.models import Job
+    from app.jobs.payload import build_payload
+    from tasks.boot import gpu
+
+    monkeypatch.setattr(gpu, "services", lambda: SimpleNamespace(db=db))
+    host = socket.gethostname()
+    claim(db, job_id, owner=f"{host}:4242:0a0a0a0a")  # the run now: another child's
+    with db.session() as session:
+        payload = build_payload(session.get(Job, job_id))
+
+    def state():
+        with db.session() as session:
+            job = session.get(Job, job_id)
+            return job.status, job.error_code
+
+    gpu.record_hard_timeout(payload, TimeLimitExceeded(330), pid=4141)  # the hung child
+    assert state() == (JobStatus.RUNNING, None)
+    gpu.record_hard_timeout(payload, TimeLimitExceeded(330), pid=4242)  # the run it held
+    assert state() == (JobStatus.FAILED, "timeout")
