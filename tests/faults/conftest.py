@@ -24,32 +24,13 @@ from testbed.receiver import Receiver
 from testbed.seaweed import SeaweedS3
 from testbed.stack import build_tiny_model
 
-MODELS = """\
-default_model = "tiny"
-
-[models.tiny]
-path = "{tiny}"
-queue = "gpu.tiny"
-dtype = "float32"
-max_width = 128
-max_height = 128
-max_pixels = 16384
-default_width = 64
-default_height = 64
-max_steps = 500
-default_steps = 8
-# Room for N7's hung job run again from its start on a loaded 2-core machine with
+# The tiny model's shape and limits, shared by `tiny` and `tiny-long`. The limits leave
+# room for N7's hung job run again from its start on a loaded 2-core machine with
 # libfaketime preloaded. That job was 400 steps: 52 to 66 s for one uninterrupted run in
 # a full run alone, past 150 s once on a machine three times slower, and past this limit
 # once under CI's load; it is 150 steps now (tests/faults/test_clock_jump.py).
-soft_time_limit = 300
-time_limit = 330
-
-# N7's long jobs (tests/faults/test_clock_jump.py): the tiny model on a queue only the
-# worker whose clock jumps consumes, so each long job runs there, and at once.
-[models.tiny-long]
+TINY = """\
 path = "{tiny}"
-queue = "gpu.tiny-long"
 dtype = "float32"
 max_width = 128
 max_height = 128
@@ -60,7 +41,17 @@ max_steps = 500
 default_steps = 8
 soft_time_limit = 300
 time_limit = 330
+"""
 
+MODELS = (
+    'default_model = "tiny"\n\n'
+    '[models.tiny]\nqueue = "gpu.tiny"\n'
+    + TINY
+    # N7's long jobs: the tiny model on a queue only the worker whose clock jumps
+    # consumes, so each long job runs there, and at once.
+    + '\n[models.tiny-long]\nqueue = "gpu.tiny-long"\n'
+    + TINY
+    + """
 [models.tiny-slow]
 path = "{tiny}"
 queue = "gpu.tiny"
@@ -110,6 +101,7 @@ checkpoint_seconds = 0.2
 soft_time_limit = 150
 time_limit = 180
 """
+)
 
 WORKERS = ("fa", "fb")
 
