@@ -214,7 +214,7 @@ def test_n7_a_jump_forward_does_not_stretch_a_hung_jobs_lease(fault_stack, jumpy
     said = f"{fig.line()}; the hung job {ended.status.value} ({ended.error_message})"
     assert ended.status == JobStatus.SUCCEEDED, said
     # The frozen run never finished (no duplicate result). Its job was claimed once more,
-    # by the worker that took it back, and only then: the frozen process, killed, has its
+    # by the pool process that replaced the frozen one, and only then: the frozen one has its
     # message redelivered, which is stale by then (the job was handed back since) and
     # takes over no run (workers/claim.py). No other job was claimed twice.
     logs = "".join(p.read_text(errors="replace") for p in fault_stack.worker_logs())
