@@ -456,6 +456,34 @@ def _preempt(runtime, **rule) -> int:
     return preempt_for_urgent(runtime.db, runtime.catalog, **rule)
 
 
+def _queue_idle(db) -> None:
+    """No other module's job runs or waits `high` on gpu.tiny: the session's worker
+    process serves that queue from the same database, and one still running there was a
+    candidate to yield (or counted as yielding) in the pass these tests make."""
+    from sqlalchemy import func, or_, select
+
+    with db.session() as session:
+        ours = get_or_create_tenant(session, "checkpoint-tests").id
+
+    def idle() -> bool:
+        with db.session() as session:
+            busy = session.scalar(
+                select(func.count())
+                .select_from(Job)
+                .where(
+                    Job.queue == "gpu.tiny",
+                    Job.tenant_id != ours,
+                    or_(
+                        Job.status == JobStatus.RUNNING,
+                        (Job.status == JobStatus.QUEUED) & (Job.priority == Priority.HIGH),
+                    ),
+                )
+            )
+        return busy == 0
+
+    wait_until(idle, timeout=180, what="gpu.tiny idle of other tests' jobs")
+
+
 def _denoising(db, job_id) -> bool:
     progress = _row(db, job_id).progress or {}
     return progress.get("stage") == "denoising" and progress.get("step", 0) >= 1
@@ -471,6 +499,7 @@ def test_an_urgent_job_waiting_makes_a_long_job_yield_and_the_long_one_resumes(
     run, and a job waiting less than DIFFQ_PREEMPT_AFTER makes nothing yield."""
     expected = reference(seed=100)
     unet = runtime.models["tiny"].pipeline.unet
+    _queue_idle(db)
     job_id, payload = _new_job(db, seed=100)
     urgent_id, urgent_payload = _urgent_job(db, seed=101)
     asked: list[int] = []
@@ -506,6 +535,7 @@ def test_an_urgent_job_waiting_makes_a_long_job_yield_and_the_long_one_resumes(
 def test_preemption_spares_a_job_at_its_cap_and_a_high_one(runtime, db, monkeypatch, spared):
     unet = runtime.models["tiny"].pipeline.unet
     seed = 110 + ["at its cap", "high itself"].index(spared)
+    _queue_idle(db)
     job_id, payload = _new_job(db, seed)
     with db.session() as session:
         job = session.get(Job, job_id)
