@@ -43,7 +43,7 @@ import psycopg2
 import requests
 from kombu import Connection
 
-from bench.fleet_sim import STEP_SECONDS, run_streams, run_workers
+from bench.fleet_sim import FLEET_CLAIM_PASS, STEP_SECONDS, run_streams, run_workers
 from bench.report import percentile, print_table
 from testbed import services
 from testbed.ports import free_port
@@ -58,6 +58,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     "carried": {"DIFFQ_PROGRESS_NOTIFY": "carried"},
     # Progress writes notify nothing; each API process polls its streams' running jobs.
     "poll": {"DIFFQ_PROGRESS_NOTIFY": "poll"},
+    # `poll`, with claims that wait on a row another claim holds (before claims passed
+    # such a job over: workers/claim.py `PASS_AT_MOST`, set by bench/fleet_sim.py).
+    "poll-wait": {"DIFFQ_PROGRESS_NOTIFY": "poll", FLEET_CLAIM_PASS: "0"},
 }
 
 MODEL_TOML = """

@@ -34,6 +34,9 @@ from pathlib import Path
 
 STEP_SECONDS = 0.1  # a simulated denoising step: a job of s seconds asks for s / 0.1 steps
 HEARTBEAT_SECONDS = 2.0  # Celery's worker-heartbeat interval
+# A variant's setting of workers/claim.py `PASS_AT_MOST` (0: a claim waits on a job row
+# another claim holds, as claims did before they passed it over).
+FLEET_CLAIM_PASS = "FLEET_CLAIM_PASS"
 
 
 def _paced_pipeline():
@@ -169,7 +172,10 @@ def run_workers(env: dict, first: int, count: int, stop_file: str, results) -> N
     from diffusers import DDIMScheduler  # noqa: F401 - imported once, before the threads race to
 
     from app.services import Services
+    from workers import claim
 
+    if os.environ.get(FLEET_CLAIM_PASS):
+        claim.PASS_AT_MOST = int(os.environ[FLEET_CLAIM_PASS])
     parent = Services(_settings(), db_pool_size=max(8, count))
     # A delivery that arrives while a stopping worker closes goes back to the queue; amqp
     # would say so for each (set after the settings, whose logging setup comes first).

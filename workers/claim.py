@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 
 # Tries to claim a job for one message when other workers keep taking the chosen one.
 CLAIM_TRIES = 5
+# Chosen jobs passed over for one message because another transaction holds their row:
+# the workers of a queue all choose the same fairest job, and rather than wait for the
+# winner's commit only to find the job taken, the others choose again without it
+# (docs/scale.md). When every other waiting job is passed, the choice waits as before.
+PASS_AT_MOST = 32
 
 
 def claim_arguments(rt: WorkerRuntime, *, redelivered: bool) -> dict:
@@ -77,7 +82,9 @@ def claim_for_message(
             return claim
         if claim.kind == transitions.ClaimKind.EXHAUSTED and claim.job is not None:
             give_up(session, claim.job)
-    for _ in range(CLAIM_TRIES):
+    passing: list[uuid.UUID] = []  # chosen jobs another transaction held: passed over
+    tries = 0
+    while tries < CLAIM_TRIES:
         session.expire_all()  # what other workers committed since the last try
         job = session.get(Job, message_job_id)
         if job is None:
@@ -88,9 +95,8 @@ def claim_for_message(
             break
         if not spare and job.deadline_at is not None and job.deadline_at <= utcnow():
             break  # its own job is past its deadline: claiming it cancels it
-        chosen = fairness.choose(
-            session, job, utcnow(), rt.settings.fair_share_window, warmth=rt.warmth()
-        )
+        window = rt.settings.fair_share_window
+        chosen = fairness.choose(session, job, utcnow(), window, rt.warmth(), passing)
         if chosen is None:  # a spare permit with nothing waiting
             kind = (
                 transitions.ClaimKind.FINISHED
@@ -98,6 +104,11 @@ def claim_for_message(
                 else transitions.ClaimKind.BUSY
             )
             return transitions.Claim(kind, job)
+        may_pass = chosen not in passing and len(passing) < PASS_AT_MOST
+        if may_pass and not transitions.lock_if_waiting(session, chosen):
+            passing.append(chosen)  # another worker is claiming it: choose again
+            continue
+        tries += 1
         if chosen == message_job_id:
             claim = transitions.claim_job(session, chosen, **claim_args)
         else:

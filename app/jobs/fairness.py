@@ -22,6 +22,7 @@ bent: warmth chooses only among jobs of the message's priority.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -175,7 +176,12 @@ def fairest(
 
 
 def choose(
-    session: Session, job: Job, now: datetime, window: float, warmth: Warmth | None = None
+    session: Session,
+    job: Job,
+    now: datetime,
+    window: float,
+    warmth: Warmth | None = None,
+    passing: Collection[uuid.UUID] = (),
 ) -> uuid.UUID | None:
     """The job that the message of `job` should start.
 
@@ -184,14 +190,16 @@ def choose(
     own job when it is its tenant's oldest, so a single tenant's jobs start in order.
     When its own job already ran on another job's message, the message is that job's
     permit: it starts the fairest waiting job, or nothing (None) when none waits.
+    `passing`: jobs to leave out of this choice (another worker is claiming them:
+    workers/claim.py); with every other job passed, a queued job's message chooses its own.
     """
+    where = Job.id.not_in(list(passing)) if passing else None
+    queue, priority = job.queue, job.publish_priority
     if job.status == JobStatus.QUEUED and job.published_at is not None:
-        best = fairest(
-            session, job.queue, job.publish_priority, now, window, job.tenant_id, warmth=warmth
-        )
+        best = fairest(session, queue, priority, now, window, job.tenant_id, where, warmth)
         return job.id if best is None else best.id
     if job.permit_id is not None:
-        best = fairest(session, job.queue, job.publish_priority, now, window, warmth=warmth)
+        best = fairest(session, queue, priority, now, window, where=where, warmth=warmth)
         return best.id if best is not None else None
     return job.id
 

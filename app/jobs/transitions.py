@@ -168,6 +168,19 @@ def claim_job(
     return Claim(ClaimKind.CLAIMED, job)
 
 
+def lock_if_waiting(session: Session, job_id: uuid.UUID) -> bool:
+    """Lock the job's row if it is queued and no other transaction holds it (PostgreSQL's
+    SKIP LOCKED; SQLite, which has one writer at a time, only reads it): false when a
+    claim, a cancel or a published mark of another transaction holds it, or it is no
+    longer queued."""
+    locked = session.scalar(
+        select(Job.id)
+        .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
+        .with_for_update(skip_locked=True)
+    )
+    return locked is not None
+
+
 def run_started_by(session: Session, message_job_id: uuid.UUID) -> uuid.UUID | None:
     """The running job that the message of `message_job_id` started for fair share."""
     return session.scalar(

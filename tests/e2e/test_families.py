@@ -5,9 +5,6 @@ is refused at submit, a 422 naming `scheduler`; a few-step preset's defaults run
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import requests
 from kombu import Connection
@@ -15,7 +12,7 @@ from kombu import Connection
 from app.broker.topology import declare_topology
 from testbed.jobs import auth, submit, wait_terminal
 from testbed.processes import ApiServer, start_worker
-from testbed.stack import MODELS_TOML
+from testbed.stack import MODELS_TOML, build_tiny_model
 
 pytestmark = pytest.mark.services
 
@@ -53,15 +50,8 @@ def families(stack, tmp_path_factory):
     """The session's catalog plus a tiny SD3 and a tiny FLUX model, an API reading it and
     a worker serving the two."""
     root = tmp_path_factory.mktemp("families")
-    paths = {}
-    for family in ("sd3", "flux"):
-        paths[family] = root / family
-        build = [sys.executable, "-m", "cli", "model", "build-tiny", str(paths[family])]
-        subprocess.run(
-            [*build, "--family", family],
-            check=True,
-            capture_output=True,
-        )
+    # `diffq model build-tiny --family …`, once a run (testbed/stack.py's model cache)
+    paths = {family: build_tiny_model(root / family, family) for family in ("sd3", "flux")}
     models_file = root / "models.toml"
     models_file.write_text(
         MODELS_TOML.format(

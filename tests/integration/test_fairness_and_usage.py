@@ -264,3 +264,33 @@ def test_a_stale_redelivery_leaves_the_jobs_own_later_run_alone(db):
         # A message from before the count (no "requeues") is read as it always was.
         older = claim_for_message(_worker("w4"), session, job.id, redelivered=True)
         assert older.kind == transitions.ClaimKind.CLAIMED and older.job.lease_owner == "w4"
+
+
+def test_a_claim_passes_over_a_job_another_claim_holds(db):
+    """The workers of a queue all choose the same fairest job. While one worker's claim of
+    it is uncommitted, another worker's message starts the next job instead of waiting on
+    the row lock (a wait would end in this session's lock_timeout, an error), and the held
+    job is left to its holder. With nothing held, the same message chooses the held job."""
+    from sqlalchemy import select, text
+
+    from workers.claim import claim_for_message
+
+    queue = f"gpu.fair-{uuid.uuid4().hex[:8]}"
+    with db.session() as session:
+        light, heavy = _tenant(session, "light"), _tenant(session, "heavy")
+        _used(session, heavy, queue, 30.0)
+        [fairest] = _queued(session, light, queue, 1)
+        [own] = _queued(session, heavy, queue, 1)
+    with db.session() as holder:  # another worker's claim, not yet committed
+        holder.execute(select(Job.id).where(Job.id == fairest.id).with_for_update())
+        with db.session() as session:
+            session.execute(text("SET LOCAL lock_timeout = '5s'"))
+            claim = claim_for_message(_worker("w2"), session, own.id, redelivered=False)
+            assert claim.kind == transitions.ClaimKind.CLAIMED
+            assert claim.job.id == own.id  # the next fairest: the message's own job
+    with db.session() as session:
+        assert session.get(Job, fairest.id).status == JobStatus.QUEUED  # left to its holder
+        [other] = _queued(session, heavy, queue, 1)
+    with db.session() as session:  # nothing held: the fair choice as ever
+        claim = claim_for_message(_worker("w3"), session, other.id, redelivered=False)
+        assert claim.job.id == fairest.id and claim.job.permit_id == other.id
