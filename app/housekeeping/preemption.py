@@ -33,6 +33,7 @@ from app.db.models import Job
 from app.db.session import Database
 from app.db.types import utcnow
 from app.jobs import pauses, transitions
+from app.jobs.queue_info import denoising_left
 from app.jobs.states import JobStatus, Priority
 
 log = logging.getLogger(__name__)
@@ -41,13 +42,11 @@ YIELD_PREEMPTED = "preempted"
 
 
 def seconds_left(job: Job, now) -> float | None:
-    """A running job's denoising time left at its own pace so far; None before its first
-    step (loading, or just resumed)."""
-    progress = job.progress or {}
-    step, total = progress.get("step", 0), progress.get("total_steps", 0)
-    if job.started_at is None or progress.get("stage") != "denoising" or not 0 < step < total:
+    """A running job's denoising time left at the pace its worker measured (the queue's
+    ETA's: app/jobs/queue_info.py); None before its first step (loading, or just resumed)."""
+    if job.started_at is None:
         return None
-    return (now - job.started_at).total_seconds() * (total - step) / step
+    return denoising_left(job.progress or {}, (now - job.started_at).total_seconds())
 
 
 def preempt_for_urgent(

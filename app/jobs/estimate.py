@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Job
 from app.db.types import utcnow
-from app.jobs.queue_info import RECENT_JOBS, CostModel, fit
+from app.jobs.queue_info import RECENT_JOBS, CostModel, fit, time_left
 from app.jobs.states import JobStatus
 from app.kinds import JobRequest, request_from_stored
 
@@ -54,15 +54,6 @@ def size_cost_model(session: Session, model: str) -> tuple[CostModel | None, int
     return fit(samples), len(samples)
 
 
-def _left(cost: CostModel, params: dict | None, progress: dict | None, elapsed: float) -> float:
-    """A running job's time left: its own pace once it is denoising, else the fit."""
-    progress = progress or {}
-    step, total = progress.get("step", 0), progress.get("total_steps", 0)
-    if progress.get("stage") == "denoising" and 0 < step < total:
-        return elapsed * (total - step) / step
-    return max(0.0, cost.seconds(work(params)) - elapsed)
-
-
 def estimate(session: Session, model: str, queue: str, request: JobRequest) -> Estimate:
     cost, samples = size_cost_model(session, model)
     queued_inputs = (
@@ -90,7 +81,7 @@ def estimate(session: Session, model: str, queue: str, request: JobRequest) -> E
     waiting = sum(seen) + (queued - len(seen)) * (sum(seen) / len(seen) if seen else 0.0)
     now = utcnow()
     left = sum(
-        _left(cost, params, progress, (now - started).total_seconds())
+        time_left(cost, work(params), progress, (now - started).total_seconds())
         for params, started, progress in running
         if started
     )

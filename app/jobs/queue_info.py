@@ -99,7 +99,7 @@ def cost_model(session: Session, model: str) -> CostModel | None:
     )
 
 
-def _steps_left(progress: dict, elapsed: float) -> float | None:
+def denoising_left(progress: dict, elapsed: float) -> float | None:
     """A denoising job's seconds left at its own pace: the one its worker measured from its
     second step on (`seconds_per_step`), else its seconds since it started per step done.
     The latter counts loading and encoding the prompt as denoising: early in a run (and a
@@ -113,9 +113,9 @@ def _steps_left(progress: dict, elapsed: float) -> float | None:
     return pace * (total - step)
 
 
-def _remaining(cost: CostModel, units: float, progress: dict | None, elapsed: float) -> float:
+def time_left(cost: CostModel, units: float, progress: dict | None, elapsed: float) -> float:
     """A running job's time left: from its own pace once it is denoising, else the model."""
-    left = _steps_left(progress or {}, elapsed)
+    left = denoising_left(progress or {}, elapsed)
     return max(0.0, cost.seconds(units) - elapsed) if left is None else left
 
 
@@ -125,7 +125,7 @@ def running_eta(job: Job) -> QueueInfo | None:
     if job.started_at is None:
         return None
     elapsed = max(0.0, (utcnow() - job.started_at).total_seconds())
-    left = _steps_left(job.progress or {}, elapsed)
+    left = denoising_left(job.progress or {}, elapsed)
     return None if left is None else QueueInfo(None, round(left, 1))
 
 
@@ -152,7 +152,7 @@ def queue_info(session: Session, job: Job, fair_window: float | None = None) -> 
     ).all()
     now = utcnow()
     remaining = sum(
-        _remaining(cost, work(params), progress, (now - started).total_seconds())
+        time_left(cost, work(params), progress, (now - started).total_seconds())
         for started, params, progress in running
         if started
     )

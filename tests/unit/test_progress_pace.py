@@ -75,10 +75,29 @@ def test_time_left_uses_the_measured_pace_not_the_time_since_the_claim():
     cost = CostModel(fixed=1.0, per_unit=1.0)
     # 34 s since the claim, of which 30 s loading: step 8 of 100 at 0.5 s a step.
     measured = {"stage": "denoising", "step": 8, "total_steps": 100, "seconds_per_step": 0.5}
-    assert queue_info._remaining(cost, 100.0, measured, elapsed=34.0) == pytest.approx(46.0)
+    assert queue_info.time_left(cost, 100.0, measured, elapsed=34.0) == pytest.approx(46.0)
     # A worker from before the field: its seconds since the claim per step done.
     older = {"stage": "denoising", "step": 8, "total_steps": 100}
-    assert queue_info._remaining(cost, 100.0, older, elapsed=34.0) == pytest.approx(391.0)
+    assert queue_info.time_left(cost, 100.0, older, elapsed=34.0) == pytest.approx(391.0)
     # Not denoising yet: the model's estimate less what has passed.
     loading = {"stage": "loading", "step": 0, "total_steps": 100}
-    assert queue_info._remaining(cost, 100.0, loading, elapsed=34.0) == pytest.approx(67.0)
+    assert queue_info.time_left(cost, 100.0, loading, elapsed=34.0) == pytest.approx(67.0)
+
+
+def test_the_preemption_pass_weighs_a_long_job_at_its_measured_pace():
+    """The relay's preemption pass asks a long job to yield only when enough of it is left
+    (DIFFQ_PREEMPT_MIN_LEFT). It weighs that at the pace the worker measured, as the
+    queue's ETA does, not at the seconds since the job was first claimed: a job resumed
+    from its checkpoint after a wait in the queue counts those seconds too."""
+    from datetime import timedelta
+
+    from app.db.models import Job
+    from app.db.types import utcnow
+    from app.housekeeping.preemption import seconds_left
+
+    now = utcnow()
+    progress = {"stage": "denoising", "step": 60, "total_steps": 100, "seconds_per_step": 0.5}
+    resumed = Job(started_at=now - timedelta(seconds=600), progress=progress)
+    assert seconds_left(resumed, now) == pytest.approx(20.0)  # not 600 / 60 x 40 = 400
+    loading = Job(started_at=now, progress={"stage": "loading", "step": 60, "total_steps": 100})
+    assert seconds_left(loading, now) is None
