@@ -94,6 +94,8 @@ class Settings:
 
     home: Path
     database_url: str
+    database_listen_url: str  # LISTEN connections' (a pooler cannot keep them)
+    database_pooled: bool  # database_url is a transaction pooler's (PgBouncer)
     broker_url: str
     storage_url: str
     s3_endpoint_url: str | None
@@ -302,18 +304,19 @@ def _networks(env: Mapping[str, str], name: str) -> str:
     return raw
 
 
-def _database_url(env: Mapping[str, str], home: Path) -> str:
+def _database_url(env: Mapping[str, str], home: Path, name: str = "DIFFQ_DATABASE_URL") -> str:
     """DIFFQ_DATABASE_URL, or SQLite under DIFFQ_HOME. diffq speaks to PostgreSQL through
     psycopg2 (its submit path uses the driver's cursor): a URL without a driver
     (`postgresql://`, `postgres://`) means psycopg2, where SQLAlchemy 2.1 would pick
-    psycopg 3, which is not installed; another driver is refused, naming the variable."""
-    raw = env.get("DIFFQ_DATABASE_URL") or f"sqlite:///{home / 'diffq.sqlite3'}"
+    psycopg 3, which is not installed; another driver is refused, naming the variable.
+    `name` DIFFQ_DATABASE_LISTEN_URL: that URL, else DIFFQ_DATABASE_URL's."""
+    raw = env.get(name) or env.get("DIFFQ_DATABASE_URL") or f"sqlite:///{home / 'diffq.sqlite3'}"
     scheme, _, rest = raw.partition("://")
     if scheme in ("postgresql", "postgres"):
         return f"postgresql+psycopg2://{rest}"
     if scheme.startswith("postgresql+") and scheme != "postgresql+psycopg2":
         raise ValueError(
-            f"DIFFQ_DATABASE_URL: diffq uses the psycopg2 driver; write postgresql:// "
+            f"{name}: diffq uses the psycopg2 driver; write postgresql:// "
             f"or postgresql+psycopg2://, not {scheme}://"
         )
     return raw
@@ -327,6 +330,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     return Settings(
         home=home,
         database_url=_database_url(env, home),
+        database_listen_url=_database_url(env, home, "DIFFQ_DATABASE_LISTEN_URL"),
+        database_pooled=_bool(env, "DIFFQ_DATABASE_POOLED", False),
         broker_url=env.get("DIFFQ_BROKER_URL") or EMBEDDED_BROKER_URL,
         storage_url=env.get("DIFFQ_STORAGE_URL") or f"file://{home / 'images'}",
         s3_endpoint_url=env.get("DIFFQ_S3_ENDPOINT_URL") or None,

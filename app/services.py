@@ -22,7 +22,7 @@ from app.broker.backend import Broker, broker_for
 from app.broker.publish import Publisher
 from app.catalog import Catalog, load_catalog
 from app.config import Settings, load_settings
-from app.db.session import Database
+from app.db.session import Database, warn_if_unbounded
 from app.storage import Storage, open_storage
 from app.webhooks import events as _webhook_events  # noqa: F401 - subscribes to job changes
 
@@ -81,10 +81,19 @@ class Services:
 
     @resource
     def db(self) -> Database:
+        settings = self.settings
         options = {"idle_transaction_seconds": self.idle_transaction_seconds}
         if self._db_pool_size is not None:
             options["pool_size"] = self._db_pool_size
-        return Database(self.settings.database_url, **options)
+        db = Database(
+            settings.database_url,
+            pooled=settings.database_pooled,
+            listen_url=settings.database_listen_url,
+            **options,
+        )
+        if settings.database_pooled:
+            warn_if_unbounded(db)
+        return db
 
     @resource
     def storage(self) -> Storage:

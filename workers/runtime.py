@@ -296,6 +296,6 @@ def build_runtime(parent: Services, queues: list[str]) -> WorkerRuntime:
     if runtime.db.engine.dialect.name == "postgresql":
         # Cancels reach a running job within one step; elsewhere, at the next progress write.
         runtime.cancel_listener = Listener(
-            settings.database_url, [CANCEL_CHANNEL], runtime.on_cancel
+            runtime.db.listen_url, [CANCEL_CHANNEL], runtime.on_cancel
         ).start()
     return runtime

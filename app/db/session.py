@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import select
 import time
@@ -16,6 +17,8 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
+log = logging.getLogger(__name__)
+
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     # WAL lets the API read while a worker writes; busy_timeout waits out short locks.
@@ -26,6 +29,9 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.close()
 
+
+# No statement runs longer on a diffq session (behind a pooler: the role's setting).
+STATEMENT_TIMEOUT_MS = 15000
 
 # A pooled connection idle longer than this is pinged before use; one used more recently
 # is only checked for a message or EOF from the server (no round trip).
@@ -81,12 +87,21 @@ def _finite(value: Any) -> Any:
 
 
 def make_engine(
-    url: str, *, pool_size: int = 5, idle_transaction_seconds: float | None = None
+    url: str,
+    *,
+    pool_size: int = 5,
+    idle_transaction_seconds: float | None = None,
+    pooled: bool = False,
 ) -> Engine:
     """`idle_transaction_seconds` (PostgreSQL): the server ends a session of this engine
     that holds a transaction open without sending a statement for that long, releasing
     its locks (a process frozen between an UPDATE and its COMMIT would hold the row
-    until it died)."""
+    until it died).
+
+    `pooled` (DIFFQ_DATABASE_POOLED): the URL is a transaction pooler's (PgBouncer in
+    transaction mode), which refuses the `options` startup parameter and hands each
+    transaction to any of its server connections: the session settings below are then
+    the server's to set, on the role or the database (README, "Connection poolers")."""
     if url.startswith("sqlite"):
         engine = create_engine(
             url,
@@ -96,16 +111,20 @@ def make_engine(
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     # Fail fast when the server is away, and never let one statement hang a worker.
-    options = "-c statement_timeout=15000"
-    if idle_transaction_seconds:
-        options += f" -c idle_in_transaction_session_timeout={int(idle_transaction_seconds * 1000)}"
+    connect_args: dict[str, Any] = {"connect_timeout": 5}
+    if not pooled:
+        options = f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"
+        if idle_transaction_seconds:
+            ms = int(idle_transaction_seconds * 1000)
+            options += f" -c idle_in_transaction_session_timeout={ms}"
+        connect_args["options"] = options
     engine = create_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_recycle=1800,
         json_serializer=portable_json,
-        connect_args={"connect_timeout": 5, "options": options},
+        connect_args=connect_args,
     )
     dialect = engine.dialect
     event.listen(engine, "connect", _checked_in)  # just made: alive
@@ -176,13 +195,33 @@ class Database:
     """An engine and its session factory; `session()` commits on success, rolls back on error."""
 
     def __init__(
-        self, url: str, *, pool_size: int = 5, idle_transaction_seconds: float | None = None
+        self,
+        url: str,
+        *,
+        pool_size: int = 5,
+        idle_transaction_seconds: float | None = None,
+        pooled: bool = False,
+        listen_url: str | None = None,
     ) -> None:
+        """`listen_url`: where LISTEN connections go (DIFFQ_DATABASE_LISTEN_URL): a
+        session of their own, which a transaction pooler cannot keep (default `url`)."""
         self.url = url
+        self.listen_url = listen_url or url
+        self.pooled = pooled
         self.engine = make_engine(
-            url, pool_size=pool_size, idle_transaction_seconds=idle_transaction_seconds
+            url,
+            pool_size=pool_size,
+            idle_transaction_seconds=idle_transaction_seconds,
+            pooled=pooled,
         )
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def unbounded_statements(self) -> bool:
+        """Behind a pooler: whether the server lets a statement run without a time limit
+        (the role or the database has no `statement_timeout`), which diffq cannot set
+        through the pooler itself."""
+        with self.engine.connect() as conn:
+            return conn.execute(text("SHOW statement_timeout")).scalar() in ("0", None)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -200,3 +239,19 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def warn_if_unbounded(db: Database) -> None:
+    """Behind a pooler, say at start when the server leaves statements unbounded; a
+    server that cannot be reached now is the pool's to report at first use."""
+    try:
+        unbounded = db.unbounded_statements()
+    except DBAPIError:
+        return
+    if unbounded:
+        log.warning(
+            "DIFFQ_DATABASE_POOLED is set and the server has no statement_timeout for this "
+            "role: a statement may hang a worker. Set it on the role, e.g. ALTER ROLE diffq "
+            "SET statement_timeout = '%ds' (README, Connection poolers)",
+            STATEMENT_TIMEOUT_MS // 1000,
+        )

@@ -12,6 +12,9 @@ from sqlalchemy.engine import make_url
 
 log = logging.getLogger(__name__)
 
+# Its sessions' application_name, as pg_stat_activity shows them.
+NAME = "diffq-listener"
+
 # Called with (channel, payload); with (None, None) after a reconnect, since
 # notifications sent while disconnected are lost and listeners must re-read.
 Callback = Callable[[str | None, str | None], None]
@@ -45,7 +48,7 @@ class Listener:
         while not self._stop.is_set():
             conn = None
             try:
-                conn = psycopg2.connect(self._dsn, connect_timeout=5)
+                conn = psycopg2.connect(self._dsn, connect_timeout=5, application_name=NAME)
                 conn.autocommit = True
                 with conn.cursor() as cur:
                     for channel in self._channels:

@@ -189,7 +189,7 @@ class JobWatcher:
                 return
             self._started = True
         if self._db.engine.dialect.name == "postgresql":
-            self._listener = Listener(self._db.url, [JOB_CHANNEL], self._on_notify).start()
+            self._listener = Listener(self._db.listen_url, [JOB_CHANNEL], self._on_notify).start()
             if self._poll_progress:
                 threading.Thread(
                     target=self._poll, args=(True,), name="job-progress-poller", daemon=True
