@@ -128,3 +128,28 @@ def test_a_postgresql_url_without_a_driver_means_psycopg2(tmp_path, given, used)
 def test_another_postgresql_driver_is_refused_naming_the_variable(tmp_path):
     with pytest.raises(ValueError, match=r"DIFFQ_DATABASE_URL.*psycopg2"):
         load_settings(_env(tmp_path, DIFFQ_DATABASE_URL="postgresql+psycopg://u@db/diffq"))
+
+
+def test_the_listen_url_is_the_database_url_unless_set_and_read_the_same_way(tmp_path):
+    """Behind a transaction pooler the LISTEN sessions go to PostgreSQL itself
+    (DIFFQ_DATABASE_LISTEN_URL); unset, they go where everything else does."""
+    pooled = "postgresql://u@pgbouncer:6432/diffq"
+    alone = load_settings(_env(tmp_path, DIFFQ_DATABASE_URL=pooled))
+    assert (
+        alone.database_listen_url
+        == alone.database_url
+        == pooled.replace("postgresql://", "postgresql+psycopg2://")
+    )
+    assert not alone.database_pooled
+    split = load_settings(
+        _env(
+            tmp_path,
+            DIFFQ_DATABASE_URL=pooled,
+            DIFFQ_DATABASE_POOLED="1",
+            DIFFQ_DATABASE_LISTEN_URL="postgres://u@db:5432/diffq",
+        )
+    )
+    assert split.database_pooled
+    assert split.database_listen_url == "postgresql+psycopg2://u@db:5432/diffq"
+    with pytest.raises(ValueError, match=r"DIFFQ_DATABASE_LISTEN_URL.*psycopg2"):
+        load_settings(_env(tmp_path, DIFFQ_DATABASE_LISTEN_URL="postgresql+asyncpg://u@db/diffq"))
