@@ -5,6 +5,7 @@ database's. Own database, vhost and pooler; the stack's S3."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import types
 import uuid
@@ -31,10 +32,16 @@ if WHY_NOT:
     pytest.skip(f"PgBouncer tests: {WHY_NOT}", allow_module_level=True)
 
 
+@contextlib.contextmanager
 def _admin(database: str):
+    """A cursor on the server itself, its connection closed after (not left to count)."""
     conn = psycopg2.connect(services._with_path(services.PG_ADMIN_URL, f"/{database}"))
     conn.autocommit = True
-    return conn
+    try:
+        with conn.cursor() as cur:
+            yield cur
+    finally:
+        conn.close()
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +54,7 @@ def pooled(stack):
     name = f"diffq_pooled_{uuid.uuid4().hex[:8]}"
     direct = services.create_database(name)
     upgrade(direct)  # migrations go to PostgreSQL itself
-    with _admin("postgres") as conn, conn.cursor() as cur:
+    with _admin("postgres") as cur:
         cur.execute(f"ALTER DATABASE {name} SET statement_timeout = '15s'")
     broker_url = services.create_vhost(name)
     with Connection(broker_url) as conn:
@@ -84,7 +91,7 @@ def pooled(stack):
 
 def _sessions(name: str) -> list[tuple[str, int]]:
     """The server sessions on the database: (application_name, client port)."""
-    with _admin("postgres") as conn, conn.cursor() as cur:
+    with _admin("postgres") as cur:
         cur.execute(
             "SELECT application_name, client_port FROM pg_stat_activity WHERE datname = %s",
             (name,),
@@ -111,7 +118,7 @@ def test_jobs_run_and_cancels_arrive_behind_the_pooler(pooled):
     def first_write_done() -> bool:
         """The run's first progress write (after its claim's) is in: the next is 1000 s
         away, so from here only the LISTEN session can bring the worker a cancel."""
-        with _admin(pooled.name) as conn, conn.cursor() as cur:
+        with _admin(pooled.name) as cur:
             cur.execute("SELECT updated_at > started_at FROM jobs WHERE id = %s", (long["id"],))
             return bool(cur.fetchone()[0])
 
