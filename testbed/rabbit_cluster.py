@@ -26,11 +26,13 @@ import time
 from pathlib import Path
 
 from testbed.lan import Lan, Machine
-from testbed.ports import wait_for_port
+from testbed.ports import port_open
 from testbed.private_rabbit import _tool
 
 PORT = 5672
 NET_TICKTIME = 10
+# A boot that keeps moving may take this many times its stall timeout in all.
+STALL_FACTOR = 4
 
 
 class Node:
@@ -79,8 +81,10 @@ class Node:
             return subprocess.CompletedProcess(command, 124, "", "timed out")
 
     def start(self, timeout: float = 90) -> float:
-        """Start (or restart) the node; returns the seconds until it serves."""
+        """Start (or restart) the node; returns the seconds until it serves. `timeout`
+        bounds a boot that has stopped moving, not a slow one (`wait_serving`)."""
         started = time.monotonic()
+        self.pid_file.unlink(missing_ok=True)  # a killed VM's: the boot writes its own
         subprocess.run(
             self.machine.command([_tool("rabbitmq-server"), "-detached"]),
             env=self.env,
@@ -95,17 +99,48 @@ class Node:
         """Whether the node's broker runs (a paused minority node's does not)."""
         return self.ctl("await_startup", "--timeout", "2", timeout=10).returncode == 0
 
+    def booting(self) -> tuple[bool, int]:
+        """(whether its VM is alive, how far its log has got): what a boot's progress
+        is read from."""
+        pid = self.pid()
+        alive = pid is not None and Path(f"/proc/{pid}").exists()
+        size = 0
+        for log in (self.workdir / "log").glob("*.log"):
+            with contextlib.suppress(OSError):
+                size += log.stat().st_size
+        return alive, size
+
     def wait_serving(self, timeout: float) -> None:
-        """Its AMQP listener first (a TCP probe costs nothing), then rabbitmqctl. Each
-        rabbitmqctl call starts an Erlang VM, about a CPU-second: three booting nodes
-        polled that way twice a second starved each other of a 2-core machine's CPU, and
-        a node once took longer than its timeout to start."""
-        deadline = time.monotonic() + timeout
-        wait_for_port(PORT, timeout=timeout, host=self.machine.address)
-        while not self.serving():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"RabbitMQ node {self.name} did not start")
+        """Until the node serves, failing when its boot stops moving: its VM gone, or its
+        log unchanged for `timeout` seconds (RabbitMQ's recovery hang), not when it is
+        merely slow. A boot's length is the machine's: four test processes on two cores
+        once took a node past a fixed 90 s while its log still grew. At most
+        `STALL_FACTOR` x `timeout` in all.
+
+        Its AMQP listener is probed first (a TCP connect costs nothing), then
+        rabbitmqctl. Each rabbitmqctl call starts an Erlang VM, about a CPU-second: three
+        booting nodes polled that way twice a second starved each other of a 2-core
+        machine's CPU, and a node once took longer than its timeout to start."""
+        begun = moved = time.monotonic()
+        last: tuple[bool, int] | None = None
+        while True:
+            now = time.monotonic()
+            state = self.booting()
+            if state != last:
+                moved, last = now, state
+            if self.pid() is not None and not state[0]:
+                raise RuntimeError(f"RabbitMQ node {self.name} died booting:\n{self.tail()}")
+            if now - moved > timeout or now - begun > STALL_FACTOR * timeout:
+                raise TimeoutError(
+                    f"RabbitMQ node {self.name} did not start (its boot stalled "
+                    f"{now - moved:.0f} s, {now - begun:.0f} s in all):\n{self.tail()}"
+                )
+            if port_open(self.machine.address, PORT) and self.serving():
+                return
             time.sleep(0.5)
+
+    def tail(self, lines: int = 15) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
 
     def pid(self) -> int | None:
         try:
