@@ -11,11 +11,10 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import bindparam, delete, func, select, text, update
 from sqlalchemy.orm import Session
 
+from app.db.enums import JobStatus
 from app.db.models import Job, RequestCount, SubmitReservation
-from app.db.session import execute_alone
+from app.db.session import execute_alone, relaxed_commit
 from app.db.types import utcnow
-from app.jobs.states import JobStatus
-from app.jobs.transitions import relaxed_commit
 
 WINDOW_SECONDS = 60
 

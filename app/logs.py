@@ -12,7 +12,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
-from app.jobs.payload import GENERATE_TASK
+from app.broker.payload import GENERATE_TASK
 
 JOB_FIELDS = ("job_id", "tenant", "attempt")
 # transformers says once per image processor class that, without torchvision, it falls

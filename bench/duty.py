@@ -85,7 +85,7 @@ def _runtime(stack, seconds: float, depth: int, size: int):
 
 
 def _payloads(rt, jobs: int, size: int) -> list[dict]:
-    from app.jobs.payload import build_payload
+    from app.broker.payload import build_payload
     from app.jobs.service import create_job
     from app.jobs.states import Priority
     from app.keys import get_or_create_tenant

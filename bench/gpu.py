@@ -187,9 +187,9 @@ def _bare(pipeline, device: str, size: int, steps: int, images: int) -> list[flo
 
 def _through_diffq(home: Path, name: str, size: int, steps: int, images: int, compiled: bool):
     """Jobs through workers.execute on an embedded runtime; per-job seconds, wall, busy."""
+    from app.broker.payload import build_payload
     from app.config import load_settings
     from app.db.migrate import upgrade
-    from app.jobs.payload import build_payload
     from app.jobs.service import create_job
     from app.jobs.states import Priority
     from app.keys import get_or_create_tenant

@@ -392,7 +392,7 @@ def probes(db, settings, args) -> list[Probe]:
     from app.jobs import fairness, service
     from app.jobs.states import JobStatus
     from app.jobs.submit import Caps, Submission, submit_job
-    from app.kinds import request_from_stored
+    from app.kinds import job_request, request_from_stored
 
     publisher, storage, catalog = StubPublisher(), StubStorage(), _catalog()
     with db.session() as session:
@@ -445,7 +445,7 @@ def probes(db, settings, args) -> list[Probe]:
             with db.session() as session:
                 rows, _ = service.list_jobs(session, big, limit=LIST_LIMIT, **kwargs)
                 for job in rows:
-                    job.request  # noqa: B018 - the row reads back as the API reads it
+                    job_request(job)  # the row reads back as the API reads it
 
         return call
 

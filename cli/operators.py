@@ -35,6 +35,7 @@ class DiffqContext:
 
 def _dead_letters(ctx: click.Context, queues: tuple[str, ...]):
     from app.broker.backend import Unsupported
+    from app.jobs.deadletters import dead_letters
 
     svc = _services()
     catalog, app = svc.catalog, ctx.obj.app
@@ -43,13 +44,13 @@ def _dead_letters(ctx: click.Context, queues: tuple[str, ...]):
     if unknown:
         raise click.BadParameter(f"unknown queue(s) {unknown}; known: {catalog.queues}")
     try:
-        return svc.broker.dead_letters(app.connection_for_write, svc.db, chosen)
+        return dead_letters(svc.broker, app.connection_for_write, svc.db, chosen)
     except Unsupported as exc:
         raise click.ClickException(str(exc)) from exc
 
 
 def _selection(job_ids: tuple[str, ...], error_code: str | None, everything: bool):
-    from app.broker.deadletters import Selection
+    from app.jobs.deadletters import Selection
 
     try:
         ids = frozenset(uuid.UUID(j) for j in job_ids)
@@ -207,13 +208,13 @@ def queues(ctx, as_json):
     """Depth of every work queue: jobs queued and running (PostgreSQL), ready messages
     and consumers (RabbitMQ; with a broker that keeps no depths, the embedded one, the
     workers that answer), dead letters, and the oldest queued job's age."""
-    from app.metrics.readings import job_gauges
+    from app.gauges.readings import broker_readings, job_gauges
 
     svc = _services()
     catalog, db = svc.catalog, svc.db
     values: dict[str, dict[str, float]] = {q: {} for q in catalog.queues}
     families = job_gauges(db, catalog.queues)
-    broker = svc.broker.readings(ctx.obj.app.connection_for_read, catalog.queues)
+    broker = broker_readings(svc.broker, ctx.obj.app.connection_for_read, catalog.queues)
     if broker is not None:  # a backend without depths leaves its columns unknown ("?")
         families += broker.collect()
     for family in families:

@@ -11,7 +11,7 @@ from celery.worker import state as worker_state
 from celery.worker.request import Request
 from sqlalchemy.exc import DBAPIError
 
-from app.jobs.payload import GENERATE_TASK
+from app.broker.payload import GENERATE_TASK
 from tasks.boot.gpu import record_hard_timeout, runtime
 from tasks.celery_app import app
 

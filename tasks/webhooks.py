@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 
-from app.jobs.payload import DELIVER_WEBHOOK_TASK
+from app.broker.payload import DELIVER_WEBHOOK_TASK
 from tasks.celery_app import app
 
 

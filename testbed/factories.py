@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from app.broker.publish import mark_published
 from app.catalog import Catalog, ModelSpec, tiny_spec
 from app.config import Settings, load_settings
 from app.db import migrate
@@ -84,14 +85,14 @@ def queued_job(db: Database, tenant_id: uuid.UUID, spec: ModelSpec, **overrides:
             request=job_request(spec, **overrides),
             metadata=None,
         )
-        service.mark_published(session, job.id)
+        mark_published(session, job.id)
         return job.id
 
 
 def message(job_id: uuid.UUID, tenant_id: uuid.UUID) -> dict[str, Any]:
     """The task message a worker receives for the job (as the publisher builds it)."""
+    from app.broker.payload import build_payload
     from app.db.models import Job
-    from app.jobs.payload import build_payload
 
     return build_payload(Job(id=job_id, tenant_id=tenant_id, input={}))
 

@@ -42,6 +42,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from app.catalog import hand_back_margin
 from app.jobs import transitions
+from app.kinds import job_request
 from app.storage import StorageError, checkpoint_key
 from app.storage.retry import get_with_retry, put_with_retry
 from workers import denoise_state
@@ -97,7 +98,7 @@ class JobCheckpoints:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        request = job.request
+        request = job_request(job)
         self._rt = rt
         self._job_id = job.id
         self.key = checkpoint_key(job.tenant_id, job.id)

@@ -65,7 +65,7 @@ def claim_for_message(
     requeues: int | None = None,
 ) -> transitions.Claim:
     """Claim the job this message should start (see app/jobs/fairness.py). `requeues`:
-    the count the message was published with (app/jobs/payload.py)."""
+    the count the message was published with (app/broker/payload.py)."""
     if redelivered and stale(session, message_job_id, requeues):
         log.info(
             "a redelivered message of job %s is stale (published before the job was handed "

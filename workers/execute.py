@@ -10,10 +10,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from app.broker.payload import InvalidPayload, parse_payload
 from app.db.models import Job
 from app.jobs import pauses, transitions
-from app.jobs.payload import InvalidPayload, parse_payload
 from app.jobs.states import ErrorCode
+from app.kinds import job_request
 from app.logs import job_context
 from workers import record, run
 from workers.batch import execute_batch
@@ -102,7 +103,8 @@ def execute_job(
         spec = model.spec
         if spec.spans_deliveries and job.spent_seconds >= spec.soft_time_limit:
             return record.timed_out(rt, job, spec)  # its budget spent by earlier deliveries
-        if open_permits is not None and model.spec.batches(job.request.width, job.request.height):
+        request = job_request(job)
+        if open_permits is not None and model.spec.batches(request.width, request.height):
             return execute_batch(rt, job, model, open_permits)
         alone = run.Member(job)
         run.run(rt, model, [alone])

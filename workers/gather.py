@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import and_, false, func
 
+from app.broker.payload import InvalidPayload, parse_payload
 from app.controls import STORED_KEY
 from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs import fairness, transitions
-from app.jobs.payload import InvalidPayload, parse_payload
 from app.jobs.states import JobStatus
-from app.kinds import EARLIER_DEFAULTS, JobRequest, compatible, kind_of
+from app.kinds import EARLIER_DEFAULTS, JobRequest, compatible, job_request, kind_of
 from workers.claim import claim_arguments
 from workers.outcome import Permit
 
@@ -68,7 +68,7 @@ def collect(
     # One call must fit where one job must: its images together within max_pixels_per_job.
     model = rt.models.get(leader.model)
     budget = model.spec.max_pixels_per_job if model is not None else None
-    request = leader.request
+    request = job_request(leader)
     used = request.pixels
     try:
         # At most max_batch messages held at once, the leader's included.
@@ -86,7 +86,7 @@ def collect(
                 passed.append(permit)
             else:
                 claimed.append((permit, job))
-                used += job.request.pixels
+                used += job_request(job).pixels
     except Exception:
         # Claimed jobs keep their claim: their messages, handed back, are redelivered and
         # taken over at once (a claimed job whose message comes back redelivered is).
@@ -123,7 +123,7 @@ def _claim_member(
         if own is None or own.queue != leader.queue:
             return None
         target = _member_for(rt, session, leader, request, own)
-        if target is None or (room is not None and target.request.pixels > room):
+        if target is None or (room is not None and job_request(target).pixels > room):
             return None
         claim = transitions.claim_job(
             session,
@@ -165,7 +165,7 @@ def _member_for(
         own.status == JobStatus.QUEUED
         and own.model == leader.model
         and (own.deadline_at is None or own.deadline_at > now)
-        and compatible(own.request, request)
+        and compatible(job_request(own), request)
     ):
         return own
     return None

@@ -20,7 +20,7 @@ from sqlalchemy.exc import DataError, DBAPIError
 
 from app.db.models import Job
 from app.jobs.states import ErrorCode
-from app.kinds import JobRequest
+from app.kinds import JobRequest, job_request
 from app.logs import job_context
 from app.metrics.instruments import WORKER_BUSY
 from app.storage import StorageUnavailable
@@ -60,7 +60,7 @@ class Member:
     checkpoints: JobCheckpoints | None = None  # a job running alone, where its model saves them
 
     def __post_init__(self) -> None:
-        self.request = self.job.request  # read from the row once
+        self.request = job_request(self.job)  # read from the row once
 
 
 def decide(member: Member, outcome: Outcome) -> None:

@@ -3,7 +3,6 @@
 - `topology`: the exchanges and queues (work queues with priorities, dead-letter queues),
   declared identically by every process.
 - `publish`: publishing a job's message or a webhook event id with publisher confirms.
-- `deadletters`: browsing, requeueing and purging dead letters (operators' tools).
 - `embedded`: the filesystem broker of `diffq up`.
 
 Nothing outside this package builds kombu exchanges or queues; docs/brokers.md says what

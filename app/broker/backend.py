@@ -24,7 +24,6 @@ from app.broker.topology import work_queue
 if TYPE_CHECKING:
     from app.config import Settings
     from app.db.models import Job
-    from app.db.session import Database
 
 
 @dataclass(frozen=True)
@@ -91,14 +90,6 @@ class Broker:
         consumer reconnects (workers/stranded.py). False where the backend cannot: the
         caller has the waiting jobs published again instead."""
         return False
-
-    def readings(self, connect: Any, queues: Iterable[str]) -> Any:
-        """A collector of broker gauges for /metrics, or None without `depths`."""
-        return None
-
-    def dead_letters(self, connect: Any, db: Database, queues: Iterable[str]) -> Any:
-        """The dead-letter queues for operators (app/broker/deadletters.py)."""
-        raise Unsupported(f"the {self.name} broker keeps no dead letters")
 
     def management_url(self) -> str | None:
         """Its HTTP management API (Flower's broker tab), where it has one."""

@@ -13,13 +13,13 @@ from sqlalchemy import Engine, bindparam, update
 from sqlalchemy.orm import Session
 
 from app.broker.backend import Broker
+from app.broker.payload import DELIVER_WEBHOOK_TASK, GENERATE_TASK, build_payload
 from app.broker.topology import WEBHOOK_QUEUE
 from app.catalog import Catalog, ModelSpec
+from app.db import clock
 from app.db.models import Job
-from app.db.session import Database, execute_alone
+from app.db.session import Database, execute_alone, relaxed_commit
 from app.db.types import utcnow
-from app.jobs import service
-from app.jobs.payload import DELIVER_WEBHOOK_TASK, GENERATE_TASK, build_payload
 
 log = logging.getLogger(__name__)
 
@@ -196,11 +196,23 @@ class Publisher:
         return self._message(GENERATE_TASK, [build_payload(job)], **self._job_options(job, spec))
 
 
+def mark_published(session: Session, job_id: uuid.UUID) -> None:
+    """Record the broker's confirm, on the database's clock. Losing this write in a crash
+    only costs a harmless second publish by the relay, so it does not wait for the WAL
+    flush."""
+    relaxed_commit(session)
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.published_at.is_(None))
+        .values(published_at=clock.now(session))
+    )
+
+
 def publish_and_mark(db: Database, publisher: Publisher, job: Job) -> bool:
     if not publisher.publish(job):
         return False
     with db.session() as session:
-        service.mark_published(session, job.id)
+        mark_published(session, job.id)
     return True
 
 

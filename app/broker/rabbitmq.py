@@ -14,13 +14,13 @@ from urllib.parse import quote, unquote, urlsplit
 from kombu import Producer, Queue
 
 from app.broker.backend import Broker, Features
+from app.broker.payload import GENERATE_TASK, build_payload
 from app.broker.topology import (
     DEAD_LETTER_EXCHANGE,
     JOBS_EXCHANGE,
     dead_letter_queue_name,
     declare_topology,
 )
-from app.jobs.payload import GENERATE_TASK, build_payload
 
 log = logging.getLogger(__name__)
 
@@ -90,16 +90,6 @@ class RabbitMQ(Broker):
         except OSError:
             return False  # already gone: the consumer is reconnecting anyway
         return True
-
-    def readings(self, connect: Any, queues: Iterable[str]) -> Any:
-        from app.metrics.readings import BrokerReadings
-
-        return BrokerReadings(connect, queues)
-
-    def dead_letters(self, connect: Any, db: Any, queues: Iterable[str]) -> Any:
-        from app.broker.deadletters import DeadLetters
-
-        return DeadLetters(connect, db, queues)
 
     def management_url(self) -> str | None:
         """RabbitMQ's management API beside the broker URL (same host and user, port

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from kombu import Connection, Exchange, Queue
 
-from app.jobs.states import MAX_AMQP_PRIORITY
+from app.db.enums import MAX_AMQP_PRIORITY
 
 JOBS_EXCHANGE = Exchange("diffq.jobs", type="direct", durable=True)
 DEAD_LETTER_EXCHANGE = Exchange("diffq.dlx", type="direct", durable=True)

@@ -7,7 +7,7 @@ import secrets
 import uuid
 from datetime import date, datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -29,12 +29,9 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.db.base import Base
+from app.db.enums import JobStatus, Priority
 from app.db.types import JSONType, UTCDateTime, utcnow
 from app.ids import uuid7
-from app.jobs.states import JobStatus, Priority
-
-if TYPE_CHECKING:
-    from app.kinds import JobRequest
 
 CACHE_WHERE = "status = 'succeeded' AND data_removed_at IS NULL AND cache_key IS NOT NULL"
 DEADLINE_WHERE = "deadline_at IS NOT NULL AND status IN ('queued', 'running')"
@@ -308,13 +305,6 @@ class Job(Base):
     # deliveries, its soft_time_limit is a budget of these and the running delivery's
     # (app/catalog.py `spans_deliveries`, workers/checkpoints.py).
     spent_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default=text("0"))
-
-    @property
-    def request(self) -> JobRequest:
-        """The typed request (app/kinds) that `input` stores."""
-        from app.kinds import request_from_stored
-
-        return request_from_stored(self.input or {})
 
 
 class ModelPause(Base):

@@ -255,3 +255,10 @@ def warn_if_unbounded(db: Database) -> None:
             "SET statement_timeout = '%ds' (README, Connection poolers)",
             STATEMENT_TIMEOUT_MS // 1000,
         )
+
+
+def relaxed_commit(session: Session) -> None:
+    """This transaction's commit returns before its WAL reaches disk (PostgreSQL only):
+    for writes whose loss in a crash is harmless."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SET LOCAL synchronous_commit = off"))

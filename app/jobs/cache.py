@@ -24,7 +24,7 @@ from app.db.types import utcnow
 from app.jobs import transitions
 from app.jobs.results import RESULT_FILES
 from app.jobs.states import JobStatus
-from app.kinds import JobRequest
+from app.kinds import JobRequest, job_request
 from app.rules import SCHEDULERS
 
 
@@ -81,7 +81,7 @@ def serve_from_cache(session: Session, job: Job, source: Job) -> None:
 
     Goes through the usual transition, so watchers, SSE and webhooks see it finish.
     """
-    now, steps = utcnow(), job.request.denoise_steps
+    now, steps = utcnow(), job_request(job).denoise_steps
     transitions.change(
         session,
         job.id,

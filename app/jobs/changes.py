@@ -17,6 +17,15 @@ from sqlalchemy.orm import Session
 
 from app.jobs.states import JobStatus
 
+# The events a job's webhook may subscribe to, and those it gets when it names none.
+EVENT_TYPES = ("job.running", "job.progress", "job.succeeded", "job.failed", "job.canceled")
+DEFAULT_EVENTS = ("job.succeeded", "job.failed", "job.canceled")
+
+
+def selected(webhook_events: list[str] | None) -> tuple[str, ...]:
+    """The events a job with these `webhook_events` is sent."""
+    return tuple(webhook_events) if webhook_events else DEFAULT_EVENTS
+
 
 @dataclass(frozen=True)
 class JobChange:

@@ -10,7 +10,7 @@
   checkpoints.py) save their state at their next step and go back to the queue, to resume
   from that step once it is resumed; a run within DIFFQ_SHUTDOWN_FINISH seconds of its end
   finishes;
-- its backlog leaves the scaling metric (app/metrics/backlog.py): no node is brought up
+- its backlog leaves the scaling metric (app/gauges/backlog.py): no node is brought up
   for work that may not run.
 
 `resume` removes the row: workers consume its queues again and the jobs run in the order

@@ -13,7 +13,7 @@ from app.db import clock
 from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs.states import JobStatus, Priority
-from app.jobs.transitions import progress_of, relaxed_commit
+from app.jobs.transitions import progress_of
 from app.kinds import JobRequest
 
 
@@ -88,18 +88,6 @@ def list_jobs(
     more = len(rows) > limit
     rows = rows[:limit]
     return rows, (rows[-1].id if more and rows else None)
-
-
-def mark_published(session: Session, job_id: uuid.UUID) -> None:
-    """Record the broker's confirm, on the database's clock. Losing this write in a crash
-    only costs a harmless second publish by the relay, so it does not wait for the WAL
-    flush."""
-    relaxed_commit(session)
-    session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.published_at.is_(None))
-        .values(published_at=clock.now(session))
-    )
 
 
 def unpublished_job_ids(

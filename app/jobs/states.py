@@ -7,20 +7,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from app.db.enums import MAX_AMQP_PRIORITY, TERMINAL, JobStatus, Priority
 
-class JobStatus(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELED = "canceled"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL
-
-
-TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED})
+__all__ = ["MAX_AMQP_PRIORITY", "TERMINAL", "ErrorCode", "JobStatus", "Priority"]
 
 
 class ErrorCode(StrEnum):
@@ -39,17 +28,3 @@ class ErrorCode(StrEnum):
     CANCELED = "canceled"  # the client asked
     DEADLINE = "deadline"  # not started before its cancel_after
     EXPIRED = "expired"  # not started within its batch's completion window
-
-
-class Priority(StrEnum):
-    LOW = "low"
-    NORMAL = "normal"
-    HIGH = "high"
-
-    @property
-    def amqp(self) -> int:
-        """The AMQP message priority (queues declare x-max-priority=MAX_AMQP_PRIORITY)."""
-        return {"low": 1, "normal": 5, "high": 9}[self.value]
-
-
-MAX_AMQP_PRIORITY = 9

@@ -17,21 +17,16 @@ from sqlalchemy.orm import Session
 from app import usage
 from app.db import clock
 from app.db.models import Job
+from app.db.session import relaxed_commit
 from app.db.types import utcnow
 from app.jobs import changes
 from app.jobs.notify import CANCEL_CHANNEL, JOB_CHANNEL, job_changed_payload, notify
 from app.jobs.results import RESULT_FILES
 from app.jobs.states import ErrorCode, JobStatus
+from app.kinds import job_request
 
 # A cancel-channel payload asking a run to yield (`request_yield`), not to stop.
 YIELD_PREFIX = "yield:"
-
-
-def relaxed_commit(session: Session) -> None:
-    """This transaction's commit returns before its WAL reaches disk (PostgreSQL only):
-    for writes whose loss in a crash is harmless."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SET LOCAL synchronous_commit = off"))
 
 
 def progress_of(
@@ -158,7 +153,7 @@ def claim_job(
         started_at=func.coalesce(Job.started_at, clock.now(session)),
         lease_owner=owner,
         lease_expires_at=clock.after(session, lease_seconds),
-        progress=progress_of("loading", 0, job.request.denoise_steps),
+        progress=progress_of("loading", 0, job_request(job).denoise_steps),
         permit_id=permit_id,
         yield_reason=None,
     )

@@ -18,10 +18,10 @@ import marshmallow as ma
 from marshmallow import fields
 
 from app.db.models import Job
+from app.jobs.changes import selected
 from app.jobs.queue_info import QueueInfo
 from app.jobs.results import RESULT_FILES
 from app.storage import Storage
-from app.webhooks.events import selected
 
 # The API's routes for one job (app/web/resources/jobs; a test checks they match).
 JOB_PATHS = {

@@ -53,6 +53,11 @@ def compatible(a: JobRequest, b: JobRequest) -> bool:
     return a.kind == b.kind and kind_of(a).batch_key(a) == kind_of(b).batch_key(b)
 
 
+def job_request(job: Any) -> JobRequest:
+    """The typed request a job row's `input` stores (app/db/models.py `Job`)."""
+    return request_from_stored(job.input or {})
+
+
 def request_from_stored(data: Mapping[str, Any]) -> JobRequest:
     """A job's typed request from its row's `input` (rows of earlier versions included:
     they had no `kind` and were text to image). Keys the type does not know are ignored,

@@ -1,2 +1,3 @@
 """Prometheus metrics: process-local instruments (multiprocess-safe under gunicorn and
-Celery prefork), scrape-time readings of PostgreSQL and RabbitMQ, and their exposition."""
+Celery prefork) and their exposition. Scrape-time readings of PostgreSQL and RabbitMQ are
+`app.gauges`."""

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from flask import Flask, Response, g, request
 
+from app.gauges.readings import ServiceCollector, broker_readings
 from app.metrics import multiproc
-from app.metrics.readings import ServiceCollector
 
 if TYPE_CHECKING:
     from app.web.root import ApiRoot
@@ -28,7 +28,7 @@ def install(app: Flask, svc: ApiRoot) -> None:
 
     from app.metrics.instruments import HTTP_DURATION, HTTP_IN_FLIGHT, HTTP_REQUESTS
 
-    broker = svc.broker.readings(svc.celery.connection_for_read, svc.catalog.queues)
+    broker = broker_readings(svc.broker, svc.celery.connection_for_read, svc.catalog.queues)
     readings = ServiceCollector(
         svc.db,
         svc.catalog.queues,

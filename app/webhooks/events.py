@@ -15,10 +15,8 @@ from sqlalchemy.orm import Session
 from app.db import clock
 from app.db.models import WebhookEvent
 from app.ids import uuid7
-from app.jobs.changes import JobChange, on_change
+from app.jobs.changes import JobChange, on_change, selected
 
-EVENT_TYPES = ("job.running", "job.progress", "job.succeeded", "job.failed", "job.canceled")
-DEFAULT_EVENTS = ("job.succeeded", "job.failed", "job.canceled")
 PROGRESS_EVERY = timedelta(seconds=1)  # job.progress is coalesced to at most one a second
 STATUS_EVENTS = {
     "running": "job.running",
@@ -26,10 +24,6 @@ STATUS_EVENTS = {
     "failed": "job.failed",
     "canceled": "job.canceled",
 }
-
-
-def selected(webhook_events: list[str] | None) -> tuple[str, ...]:
-    return tuple(webhook_events) if webhook_events else DEFAULT_EVENTS
 
 
 def stopped(session: Session, job_id: uuid.UUID) -> bool:

@@ -173,9 +173,9 @@ def record_hard_timeout(payload, exc, pid: int | None) -> None:
     limit as failed/timeout, if that child's run still held it. A run that hung may have
     been taken back since (its lease lapsed) and be running again elsewhere, or here in
     another child: that run is the job's now, and a limit on the hung one is not its."""
+    from app.broker.payload import InvalidPayload, parse_payload
     from app.db.models import Job
     from app.jobs import transitions
-    from app.jobs.payload import InvalidPayload, parse_payload
     from app.jobs.states import ErrorCode, JobStatus
 
     try:

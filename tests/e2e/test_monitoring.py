@@ -563,8 +563,8 @@ def _adapter_query(instance: str) -> str:
 
 
 def test_every_dashboard_keda_and_hpa_query_answers_with_what_the_test_caused(ops):
+    from app.gauges.backlog import FALLBACK_UNIT_SECONDS
     from app.kinds.base import REFERENCE_PIXELS
-    from app.metrics.backlog import FALLBACK_UNIT_SECONDS
 
     key, url = ops.key, ops.api.url
     # Finished jobs of model tiny: three succeed (each with a webhook), two fail on S3,
@@ -801,7 +801,7 @@ def test_every_dashboard_keda_and_hpa_query_answers_with_what_the_test_caused(op
 
 
 def test_gpu_workers_stopped_raise_no_consumer_backlog_and_oldest_job_alerts(ops):
-    from app.metrics.backlog import FALLBACK_UNIT_SECONDS
+    from app.gauges.backlog import FALLBACK_UNIT_SECONDS
 
     _wait_idle(ops)
     url, key = ops.api.url, ops.key

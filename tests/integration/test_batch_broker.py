@@ -9,7 +9,7 @@ import uuid
 import pytest
 from kombu import Connection
 
-from app.jobs.payload import GENERATE_TASK
+from app.broker.payload import GENERATE_TASK
 
 pytestmark = pytest.mark.services
 

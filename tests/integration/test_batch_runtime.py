@@ -11,12 +11,12 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
+from app.broker.payload import build_payload
 from app.db.models import Job
-from app.jobs.payload import build_payload
 from app.jobs.service import create_job
 from app.jobs.states import JobStatus, Priority
 from app.keys import get_or_create_tenant
-from app.kinds import request_from_stored
+from app.kinds import job_request, request_from_stored
 from workers import execute
 
 pytestmark = pytest.mark.services
@@ -323,7 +323,7 @@ def test_a_job_with_controls_is_never_gathered_nor_gathers(db):
 
     def gathered(leader_id) -> set:
         with db.session() as session:
-            leader = session.get(Job, leader_id).request
+            leader = job_request(session.get(Job, leader_id))
             rows = session.scalars(select(Job.id).where(compatible_sql("tiny", leader)))
             return set(rows) & mine
 

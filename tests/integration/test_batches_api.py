@@ -13,6 +13,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select, update
 
+from app.kinds import job_request
 from testbed.jobs import auth
 from testbed.waiting import wait_until
 
@@ -160,8 +161,8 @@ def test_a_batch_of_image_jobs_stores_its_inputs_only_once_accepted(client, othe
     assert accepted.status_code == 202, accepted.get_json()
     assert uploads() == before + 1  # the same image twice: one upload
     jobs = _jobs(db, accepted.get_json()["id"])
-    assert [job.request.kind for job in jobs] == ["img2img", "img2img"]
-    assert len({job.request.image for job in jobs}) == 1
+    assert [job_request(job).kind for job in jobs] == ["img2img", "img2img"]
+    assert len({job_request(job).image for job in jobs}) == 1
     client.post(f"/v1/batches/{accepted.get_json()['id']}/cancel", headers=auth(other_key))
 
 

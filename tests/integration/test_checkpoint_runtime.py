@@ -16,9 +16,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from app.broker.payload import build_payload
 from app.db.models import Job
 from app.housekeeping.retention import remove_left_checkpoints
-from app.jobs.payload import build_payload
 from app.jobs.service import create_job
 from app.jobs.states import JobStatus, Priority
 from app.keys import get_or_create_tenant

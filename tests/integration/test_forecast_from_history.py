@@ -86,7 +86,7 @@ def test_a_burst_seen_last_week_is_forecast_in_gpus(database):
 
 
 def test_the_collector_exports_a_forecast_for_every_queue(database):
-    from app.metrics.readings import ServiceCollector
+    from app.gauges.readings import ServiceCollector
 
     queues = [f"gpu.none-{uuid.uuid4().hex[:8]}"]
     families = {f.name: f for f in ServiceCollector(database, queues, None).collect()}
@@ -95,7 +95,7 @@ def test_the_collector_exports_a_forecast_for_every_queue(database):
 
 
 def test_a_forecast_that_cannot_be_read_leaves_the_other_readings(database, monkeypatch):
-    from app.metrics import readings
+    from app.gauges import readings
 
     def broken(*_args, **_kwargs):
         raise RuntimeError("no forecast")

@@ -13,8 +13,8 @@ import weakref
 import pytest
 import torch
 
+from app.broker.payload import build_payload
 from app.db.models import Job
-from app.jobs.payload import build_payload
 from app.jobs.service import create_job
 from app.jobs.states import ErrorCode, JobStatus, Priority
 from app.keys import get_or_create_tenant

@@ -263,8 +263,8 @@ def test_a_hard_time_limit_fails_the_job_only_while_the_run_it_stopped_holds_it(
 
     from celery.exceptions import TimeLimitExceeded
 
+    from app.broker.payload import build_payload
     from app.db.models import Job
-    from app.jobs.payload import build_payload
     from tasks.boot import gpu
 
     monkeypatch.setattr(gpu, "services", lambda: SimpleNamespace(db=db))

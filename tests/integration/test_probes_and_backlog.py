@@ -116,8 +116,8 @@ def _job(session, tenant_id, queue, model, steps, **fields):
 
 def test_backlog_counts_gpu_seconds_of_queued_jobs_only(db):
     from app.db.types import utcnow
+    from app.gauges.backlog import FALLBACK_UNIT_SECONDS, backlog_seconds
     from app.keys import get_or_create_tenant
-    from app.metrics.backlog import FALLBACK_UNIT_SECONDS, backlog_seconds
 
     run = uuid.uuid4().hex[:8]
     queue, model, fresh_queue = f"gpu.backlog-{run}", f"backlog-{run}", f"gpu.fresh-{run}"
@@ -154,8 +154,8 @@ def test_backlog_charges_each_queued_job_for_its_size(db):
     """A unit is one step of one 512 x 512 image: two 256 x 192 jobs queued behind a model
     that ran 64 x 64 and 256 x 192 jobs are charged as 256 x 192 jobs."""
     from app.db.types import utcnow
+    from app.gauges.backlog import backlog_seconds
     from app.keys import get_or_create_tenant
-    from app.metrics.backlog import backlog_seconds
 
     run = uuid.uuid4().hex[:8]
     queue, model = f"gpu.sized-{run}", f"sized-{run}"

@@ -173,7 +173,7 @@ def test_prometheus_scrapes_the_api_on_its_metrics_port():
 
 
 def test_the_database_aggregates_of_a_scrape_are_reused_for_their_ttl(stack, db, guarded_app):
-    from app.metrics.readings import ServiceCollector
+    from app.gauges.readings import ServiceCollector
 
     now = [1000.0]
     collector = ServiceCollector(db, ["gpu.tiny-b"], None, cache_ttl=5.0, clock=lambda: now[0])

@@ -36,7 +36,7 @@ def test_the_api_process_never_imports_torch_diffusers_or_workers(tmp_path):
 
 def test_the_domain_imports_neither_flask_nor_torch():
     loaded = _modules_after(
-        "import app, app.config, app.catalog, app.jobs.service, app.jobs.payload, "
+        "import app, app.config, app.catalog, app.jobs.service, app.broker.payload, "
         "app.storage, app.keys, app.broker.publish, app.db.models, app.jobs.view"
     )
     assert not loaded & {"flask", "flask_smorest", *HEAVY}

@@ -144,7 +144,19 @@ def _checkpoints(spec: ModelSpec, timeout: int, spent: float = 0.0):
         tenant_id=uuid.uuid4(),
         checkpoint_step=None,
         spent_seconds=spent,
-        request=SimpleNamespace(kind="txt2vid", scheduler="default"),
+        input={
+            "kind": "txt2vid",
+            "prompt": "p",
+            "scheduler": "default",
+            "model": "m",
+            "width": 64,
+            "height": 64,
+            "steps": 1000,
+            "guidance_scale": 1.0,
+            "seed": 1,
+            "num_frames": 9,
+            "fps": 8,
+        },
     )
     model = SimpleNamespace(spec=spec, manifest={"model_sha256": "0" * 64})
     return JobCheckpoints(rt, job, model, clock=clock), rt, clock, job

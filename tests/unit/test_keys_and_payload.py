@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from app.jobs.payload import (
+from app.broker.payload import (
     PAYLOAD_VERSION,
     InvalidPayload,
     TaskPayload,

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from app.broker.deadletters import DeadLetter, Selection
+from app.jobs.deadletters import DeadLetter, Selection
 from app.logs import JobContextFilter, JsonFormatter, job_context
 from cli import main
 

@@ -108,6 +108,57 @@ def test_no_import_cycle_inside_app_or_workers():
         assert _cycles(graph) == [], package
 
 
+def _package(module: str) -> str:
+    """The package a module of `app` belongs to: `app.jobs` for `app.jobs.view`; a
+    module directly under `app` (`app.catalog`) is a package of its own."""
+    return ".".join(module.split(".")[:2])
+
+
+def _package_graph() -> dict[str, set[str]]:
+    """Which of app's packages each imports at run time. The composition roots are left
+    out: a root composes a process from every layer (and only entry points and other
+    roots import one, below)."""
+    modules = _modules("app")
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        if name in ROOTS:
+            continue
+        own = _package(name)
+        found = {_package(m) for m in runtime_imports(path) if m in modules}
+        graph.setdefault(own, set()).update(found - {own})
+    return graph
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for other in graph.get(todo.pop(), ()):
+            if other not in seen:
+                seen.add(other)
+                todo.append(other)
+    return seen
+
+
+def test_no_import_cycle_between_the_packages_of_app():
+    """Each feature's package depends one way on those below it (docs/structure.md,
+    "Layers"): a cycle would make a change in either side a change in both."""
+    graph = _package_graph()
+    assert len(graph) > 15 and sum(map(len, graph.values())) > len(graph)  # read them
+    assert _cycles(graph) == []
+
+
+def test_persistence_and_the_broker_sit_below_the_job_domain():
+    graph = _package_graph()
+    # The schema imports no domain: its enums are its own (app/db/enums.py), and a row's
+    # typed request is read by app.kinds `job_request`, not by the row.
+    assert _reach(graph, "app.db") <= {"app.ids"}, _reach(graph, "app.db")
+    # The broker publishes and reads messages; what repairs jobs (dead letters) or reads
+    # them (the gauges) sits above it and uses it.
+    below = _reach(graph, "app.broker")
+    assert below.isdisjoint({"app.jobs", "app.gauges", "app.batches", "app.webhooks"}), below
+
+
 def test_a_cycle_is_found_where_there_is_one():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -171,3 +222,18 @@ def test_the_map_names_every_job_kind_and_every_broker_backend():
         assert module in architecture and cls.__name__ in architecture, module
     for heading in ("How to add a job kind", "How to add a broker"):
         assert heading in architecture
+
+
+def test_every_path_the_map_names_exists():
+    """docs/architecture.md's paths of the code (`app/jobs/view.py`, `workers/`) are
+    where it says: a module moved or removed without the map fails here."""
+    architecture = (REPO / "docs" / "architecture.md").read_text()
+    roots = ("app/", "workers/", "tasks/", "cli/", "testbed/", "bench/", "diffq/", "tests/")
+    named = {
+        path
+        for path in re.findall(r"`([a-z_]+/[A-Za-z0-9_./-]*)`", architecture)
+        if path.startswith(roots)
+    }
+    assert len(named) > 40 and "app/jobs/view.py" in named  # the map was read
+    missing = sorted(path for path in named if not (REPO / path).exists())
+    assert missing == [], missing

@@ -14,6 +14,7 @@ from app.jobs import service, transitions
 from app.jobs.queue_info import fair_window, queue_info, running_eta
 from app.jobs.states import ErrorCode, JobStatus
 from app.jobs.view import job_json
+from app.kinds import job_request
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
 from app.web.resources.jobs.presenter import decode_cursor, encode_cursor, job_view
@@ -295,7 +296,7 @@ class JobReplay(MethodView):
         if spec is None:
             abort(409, message=f"Model {original.model!r} is no longer configured.")
         made = submit(
-            {"spec": spec, "request": original.request, "seeded": True, "cache": False},
+            {"spec": spec, "request": job_request(original), "seeded": True, "cache": False},
             replay_of=original.id,
         )
         return _answer(made.job, wait, {})

@@ -10,6 +10,7 @@ from marshmallow import fields, validate
 
 from app import controls as control_rules
 from app.adapters import SCALE_LIMIT
+from app.jobs.changes import EVENT_TYPES
 from app.jobs.states import JobStatus, Priority
 from app.jobs.view import JobSchema
 from app.kinds import DEFAULT_KIND, KINDS
@@ -19,7 +20,6 @@ from app.web.inputs import resolve as resolve_input
 from app.web.inputs import resolve_loras
 from app.web.services import services
 from app.web.strings import RefusesNul
-from app.webhooks.events import EVENT_TYPES
 from app.webhooks.guard import MAX_URL_LENGTH, UnsafeUrl, check_url_at_submit, parse_allow_list
 
 METADATA_MAX_BYTES = 2048
