@@ -1,0 +1,83 @@
+"""testbed/rabbit_cluster.py `Node.wait_serving`: a node's boot fails when it stops
+moving, not when it is slow. Run 51 restarted a quorum node on a machine so loaded (four
+test processes on two cores) that its boot outlasted a fixed 90 s while its log still
+grew; here the same boot, stretched further, is waited for, and a boot that stalls or
+dies still fails. A fake clock: no RabbitMQ, no waiting."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed import rabbit_cluster
+from testbed.rabbit_cluster import STALL_FACTOR, Node
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeNode(Node):
+    """A boot whose log grows by a line every `every` seconds until `serves_at`;
+    `dies_at`: its VM exits then."""
+
+    def __init__(self, clock: Clock, *, every: float, serves_at: float, dies_at=None) -> None:
+        self.clock, self.every, self.serves_at, self.dies_at = clock, every, serves_at, dies_at
+        self.name = "rabbit@10.0.0.1"
+        self.machine = type("Machine", (), {"address": "10.0.0.1"})()
+
+    def pid(self) -> int | None:
+        return 4242
+
+    def booting(self) -> tuple[bool, int]:
+        alive = self.dies_at is None or self.clock.now < self.dies_at
+        grown = min(self.clock.now, self.serves_at, self.dies_at or float("inf"))
+        return alive, int(grown // self.every)
+
+    def serving(self) -> bool:
+        return self.clock.now >= self.serves_at
+
+    def log(self) -> str:
+        return "starting rabbit\n"
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(rabbit_cluster, "time", fake)
+    monkeypatch.setattr(rabbit_cluster, "port_open", lambda host, port: True)
+    return fake
+
+
+def test_a_slow_boot_that_keeps_moving_is_waited_for_past_its_timeout(clock):
+    node = FakeNode(clock, every=20.0, serves_at=250.0)  # 90 s would have failed it
+    node.wait_serving(90)
+    assert clock.now >= 250.0
+
+
+def test_a_boot_whose_log_stops_fails_after_its_timeout(clock):
+    node = FakeNode(clock, every=20.0, serves_at=10_000.0)
+    node.every = float("inf")  # never a line
+    with pytest.raises(TimeoutError, match="stalled"):
+        node.wait_serving(90)
+    assert 90 < clock.now < 92
+
+
+def test_a_boot_that_never_ends_fails_at_its_cap(clock):
+    node = FakeNode(clock, every=20.0, serves_at=10_000.0)
+    with pytest.raises(TimeoutError, match="did not start"):
+        node.wait_serving(90)
+    assert STALL_FACTOR * 90 < clock.now < STALL_FACTOR * 90 + 2
+
+
+def test_a_vm_that_dies_booting_fails_at_once(clock):
+    node = FakeNode(clock, every=20.0, serves_at=300.0, dies_at=30.0)
+    with pytest.raises(RuntimeError, match="died booting"):
+        node.wait_serving(90)
+    assert clock.now < 31
