@@ -199,6 +199,19 @@ class ModelSpec:
         return (self.queue, self.high_priority_queue) if self.high_priority_queue else (self.queue,)
 
     def check(self, consumer_timeout: int = CONSUMER_TIMEOUT_SECONDS) -> None:
+        """Every rule of an entry, in this order; the first broken raises `CatalogError`
+        naming the model and the setting."""
+        self._check_identity()
+        self._check_default_size()
+        self._check_steps_and_time(consumer_timeout)
+        self._check_batching()
+        self._check_size_list()
+        self._check_schedulers()
+        self._check_add_ons()
+        self._check_kinds()
+
+    def _check_identity(self) -> None:
+        """The family, preset, dtype and queue it names exist and fit each other."""
         if self.family not in FAMILIES:
             raise CatalogError(f"model {self.name!r}: family must be one of {sorted(FAMILIES)}")
         if self.preset is not None and self.preset not in PRESETS:
@@ -215,6 +228,9 @@ class ModelSpec:
             raise CatalogError(f"model {self.name!r}: checkpoint_seconds must be 0 or more")
         if not self.queue:
             raise CatalogError(f"model {self.name!r}: queue is required")
+
+    def _check_default_size(self) -> None:
+        """The default size within the model's own limits."""
         if self.size_multiple <= 0 or self.min_size % self.size_multiple:
             raise CatalogError(f"model {self.name!r}: min_size must be a multiple of size_multiple")
         for dim, most in (("default_width", self.max_width), ("default_height", self.max_height)):
@@ -223,6 +239,9 @@ class ModelSpec:
                 raise CatalogError(f"model {self.name!r}: {dim} breaks the model's own limits")
         if self.default_width * self.default_height > self.max_pixels:
             raise CatalogError(f"model {self.name!r}: default size exceeds max_pixels")
+
+    def _check_steps_and_time(self, consumer_timeout: int) -> None:
+        """Steps, and time limits the broker's `consumer_timeout` allows."""
         if not self.min_steps <= self.default_steps <= self.max_steps:
             raise CatalogError(
                 f"model {self.name!r}: default_steps must be in {self.min_steps}..max_steps"
@@ -247,6 +266,9 @@ class ModelSpec:
             )
         if self.high_priority_queue == self.queue:
             raise CatalogError(f"model {self.name!r}: high_priority_queue must differ from queue")
+
+    def _check_batching(self) -> None:
+        """A batch's bounds and the compile backend."""
         if self.max_pixels_per_job is not None and (
             self.max_pixels_per_job < self.default_width * self.default_height
         ):
@@ -261,6 +283,9 @@ class ModelSpec:
             raise CatalogError(
                 f"model {self.name!r}: compile_backend must be one of {COMPILE_BACKENDS}"
             )
+
+    def _check_size_list(self) -> None:
+        """`sizes` and `compile_sizes` within the limits; the default among them if required."""
         for size in (*self.sizes, *self.compile_sizes):
             try:
                 width, height = _parse_size(size)
@@ -282,6 +307,9 @@ class ModelSpec:
             raise CatalogError(
                 f"model {self.name!r}: the default size must be one of sizes when required"
             )
+
+    def _check_schedulers(self) -> None:
+        """Schedulers that exist and fit the family."""
         unknown = set(self.schedulers) - set(SCHEDULERS)
         if unknown:
             raise CatalogError(f"model {self.name!r}: unknown schedulers {sorted(unknown)}")
@@ -291,6 +319,9 @@ class ModelSpec:
                 f"model {self.name!r}: schedulers {unfit} do not fit family {self.family!r} "
                 f"(it takes {list(schedulers_for(self.family))})"
             )
+
+    def _check_add_ons(self) -> None:
+        """The add-on weights it takes: LoRA adapters of a family, at most so many, and controls."""
         from app.adapters import FAMILIES as LORA_FAMILIES
 
         if self.lora_family and self.lora_family not in LORA_FAMILIES:
@@ -307,6 +338,9 @@ class ModelSpec:
             raise CatalogError(f"model {self.name!r}: max_loras must be in 0..16")
         if not 0 <= self.max_controls <= 4:
             raise CatalogError(f"model {self.name!r}: max_controls must be in 0..4")
+
+    def _check_kinds(self) -> None:
+        """The kinds it offers: known, and of what it makes (images or video)."""
         from app.kinds import KINDS
 
         if not self.kinds or set(self.kinds) - set(KINDS):
