@@ -3,7 +3,7 @@ and one RabbitMQ, and what each worker costs them (docs/scale.md).
 
     .venv/bin/python -m bench.fleet [--fleets 25,50,100,200] [--seconds 30]
         [--job-seconds 1,30] [--models 4] [--tenants 20] [--streams 1]
-        [--variants base] [--procs 2]
+        [--variants base] [--procs 2] [--pool 24]
 
 For each fleet size and variant: a fresh database on a private PostgreSQL (with
 `pg_stat_statements`), a fresh vhost on the local RabbitMQ, the real API (gunicorn) and
@@ -18,7 +18,10 @@ its stream's terminal event, the relay's pass time (its /metrics), submit latenc
 CPU per component (from /proc).
 
 A variant is a set of DIFFQ_* settings, named here (`VARIANTS`), so a change to the
-control plane is measured before and after in one run.
+control plane is measured before and after in one run. A variant of `POOLED` runs every
+component's pool through a PgBouncer of `--pool` server connections (testbed/pgbouncer.py;
+their LISTEN sessions direct), and "db conns" counts the server sessions the database
+holds, sampled every 0.5 s.
 """
 
 from __future__ import annotations
@@ -61,7 +64,12 @@ VARIANTS: dict[str, dict[str, str]] = {
     # `poll`, with claims that wait on a row another claim holds (before claims passed
     # such a job over: workers/claim.py `PASS_AT_MOST`, set by bench/fleet_sim.py).
     "poll-wait": {"DIFFQ_PROGRESS_NOTIFY": "poll", FLEET_CLAIM_PASS: "0"},
+    # `poll` behind PgBouncer in transaction mode (README, "Connection poolers"): every
+    # pool through it, the LISTEN sessions on PostgreSQL itself.
+    "poll-pooled": {"DIFFQ_PROGRESS_NOTIFY": "poll"},
 }
+# Variants behind a PgBouncer, and its server connections (`--pool` sets them).
+POOLED = {"poll-pooled"}
 
 MODEL_TOML = """
 [models.{name}]
@@ -203,6 +211,7 @@ class WaitSampler:
         self.conn = conn
         self.samples: dict[str, int] = {}
         self.taken = 0
+        self.sessions: list[int] = []  # the database's server sessions, each sample
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -215,6 +224,11 @@ class WaitSampler:
                     "AND state = 'active' AND pid != pg_backend_pid()"
                 )
                 rows = cur.fetchall()
+                cur.execute(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid != pg_backend_pid()"
+                )
+                self.sessions.append(int(cur.fetchone()[0]))
             self.taken += 1
             for wait, query in rows:
                 key = f"{wait} / {statement_kind(query)}"
@@ -327,6 +341,19 @@ def run_fleet(pg: PrivatePostgres, fleet: int, variant: str, args, root: Path) -
     with Connection(broker_url) as amqp:
         declare_topology(amqp, [f"gpu.{name}" for name in models])
     relay_port = free_port()
+    bouncer = None
+    pooled: dict[str, str] = {}
+    if variant in POOLED:
+        from testbed.pgbouncer import PgBouncer
+
+        with conn.cursor() as cur:  # a pooled deployment bounds statements on the server
+            cur.execute(f"ALTER DATABASE \"{run}\" SET statement_timeout = '15s'")
+        bouncer = PgBouncer(pg.admin_url, args.pool).start()
+        pooled = {
+            "DIFFQ_DATABASE_URL": bouncer.url(database_url),
+            "DIFFQ_DATABASE_POOLED": "1",
+            "DIFFQ_DATABASE_LISTEN_URL": database_url,
+        }
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("DIFFQ_")},
         "OMP_NUM_THREADS": "1",
@@ -340,6 +367,7 @@ def run_fleet(pg: PrivatePostgres, fleet: int, variant: str, args, root: Path) -
         "DIFFQ_AUTH_FAILURES": "0",
         "DIFFQ_MAX_QUEUED": "1000000",
         **VARIANTS[variant],
+        **pooled,
     }
     from app.db.session import Database
 
@@ -350,7 +378,7 @@ def run_fleet(pg: PrivatePostgres, fleet: int, variant: str, args, root: Path) -
             for i in range(args.tenants)
         ]
     db.dispose()
-    cleanup = []
+    cleanup = [bouncer.stop] if bouncer is not None else []
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     jobs_q = ctx.Queue()
@@ -486,6 +514,8 @@ def run_fleet(pg: PrivatePostgres, fleet: int, variant: str, args, root: Path) -
         "submit p99 ms": 1000 * percentile(submits, 99),
         "cpu": {name: 100 * (cpu1[name] - cpu0[name]) / seconds for name in cpu0},
         "waits": waits.top(),
+        "db conns": max(waits.sessions, default=0),
+        "db conns mean": sum(waits.sessions) / max(1, len(waits.sessions)),
         "kinds": {k: {f: v / seconds for f, v in e.items()} for k, e in by_kind.items()},
         "top": [
             {
@@ -513,6 +543,9 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=1, help="SSE streams per job")
     parser.add_argument("--procs", type=int, default=2, help="processes of simulated workers")
     parser.add_argument("--api-workers", type=int, default=2)
+    parser.add_argument(
+        "--pool", type=int, default=24, help="PgBouncer's server connections (POOLED variants)"
+    )
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -559,7 +592,8 @@ def _report(rows: list[dict], args) -> None:
     columns = [
         "fleet", "variant", "jobs/s", "stmts/s", "stmts/s/worker", "WAL KB/s",
         "WAL KB/s/worker", "WAL vs base", "NOTIFY/s", "AMQP msg/s", "lag p50 ms",
-        "lag p99 ms", "relay pass ms", "submit p50 ms", "submit p99 ms",
+        "lag p99 ms", "relay pass ms", "submit p50 ms", "submit p99 ms", "db conns",
+        "db conns mean",
     ]  # fmt: skip
     print_table(
         f"Fleet: jobs {lo:g}-{hi:g} s, {args.models} models, {args.tenants} tenants, "

@@ -26,7 +26,7 @@ def summarize(samples_ms: list[float]) -> dict[str, float]:
 
 def print_table(title: str, rows: list[dict], columns: list[str]) -> None:
     print(f"\n{title}")
-    widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns}
+    widths = {c: max([len(c), *(len(_fmt(r.get(c))) for r in rows)]) for c in columns}
     print("  ".join(c.ljust(widths[c]) for c in columns))
     print("  ".join("-" * widths[c] for c in columns))
     for row in rows:
