@@ -23,7 +23,7 @@ REPORT: list[Figures] = []
 # The faults each scenario must inject, or it fails (`Scenario.report` asserts it). A run
 # in which every scenario passes has injected at least their sum: the README's count.
 FLOORS = {
-    "F1": 70,  # kill -9 of a pool process mid-generation
+    "F1": 50,  # kill -9 of a pool process mid-generation
     "F2": 3,  # kill -9 of a whole worker
     "F3": 4,  # SIGTERM rolling restarts
     "F4": 1,  # broker stopped and restarted
@@ -32,7 +32,7 @@ FLOORS = {
     "F9": 1,  # uploads refused while S3 is down (about 10 a run)
     "F12": 3,  # killed after recording, before acking
     "F13": 4,  # jobs over their time limit
-    "F14": 200,  # database connections cut
+    "F14": 220,  # database connections cut
     "F15": 1,  # broker kill -9, nothing to publish again
     "F16": 1,  # broker kill -9 under submits
     "F17": 1,  # kill -9 mid-batch
