@@ -181,7 +181,10 @@ class ApiServer(ManagedProcess):
         ]
         super().__init__(name, args, env, log_dir)
 
-    def start(self, timeout: float = 30.0) -> ApiServer:
+    def start(self, timeout: float = 120.0) -> ApiServer:
+        """Until /healthz answers; at once when the process exits. `timeout` only bounds a
+        boot that hangs alive: a fixed 30 s once measured the machine, when four test
+        processes on two cores kept gunicorn's workers importing the app past it (run 53)."""
         super().start()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
