@@ -97,7 +97,9 @@ class Node:
 
     def serving(self) -> bool:
         """Whether the node's broker runs (a paused minority node's does not)."""
-        return self.ctl("await_startup", "--timeout", "2", timeout=10).returncode == 0
+        # The CLI's own bound is generous: on loaded cores its VM alone may take many
+        # seconds to start, and a slow answer is not a node that does not serve.
+        return self.ctl("await_startup", "--timeout", "2", timeout=45).returncode == 0
 
     def booting(self) -> tuple[bool, int]:
         """(whether its VM is alive, how far its log has got): what a boot's progress
@@ -161,6 +163,15 @@ class Node:
     def log(self) -> str:
         found = sorted((self.workdir / "log").glob("rabbit@*.log"))
         return found[0].read_text(errors="replace") if found else ""
+
+
+def _leader_in(listing: str, queue: str) -> str | None:
+    """The leader `rabbitmqctl list_queues name leader --quiet` names for `queue`."""
+    for line in listing.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == queue and parts[1].startswith("rabbit@"):
+            return parts[1]
+    return None
 
 
 class RabbitCluster:
@@ -233,18 +244,42 @@ class RabbitCluster:
     def serving_nodes(self) -> list[Node]:
         return [n for n in self.nodes if n.serving()]
 
-    def leader(self, queue: str, timeout: float = 60) -> Node:
-        """The node leading `queue`'s quorum (asked of a node that serves)."""
-        deadline = time.monotonic() + timeout
+    def leader(self, queue: str, other_than: Node | None = None, timeout: float = 60) -> Node:
+        """The node leading `queue`'s quorum (`other_than` a node just killed or cut off:
+        until its followers have elected another).
+
+        Asked of the first node that answers: any serving node lists the whole cluster's
+        queues, so one answer is enough, and each rabbitmqctl call starts an Erlang VM.
+        Fails when answers name no leader for `timeout` seconds, not when the CLI is slow
+        to answer: on two loaded cores one call took longer than its 15 s bound, three
+        unanswered asks were not a "no leader", and a healthy cluster once failed a
+        scenario that way. At most `STALL_FACTOR` x `timeout` in all."""
+        begun = time.monotonic()
+        leaderless_since: float | None = None
+        answers: dict[str, str] = {}
         while True:
             for asked in self.nodes:
-                listing = asked.ctl("list_queues", "name", "leader", "--quiet", timeout=15)
-                for line in listing.stdout.splitlines():
-                    parts = line.split()
-                    if len(parts) == 2 and parts[0] == queue and parts[1].startswith("rabbit@"):
-                        return self.node(parts[1])
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no node leads {queue}")
+                listing = asked.ctl("list_queues", "name", "leader", "--quiet", timeout=60)
+                answers[asked.name] = (
+                    f"rc {listing.returncode}: {(listing.stdout + listing.stderr).strip()[-300:]}"
+                )
+                if listing.returncode != 0:
+                    continue  # down, paused or slow: ask another
+                found = _leader_in(listing.stdout, queue)
+                if found is not None and (other_than is None or found != other_than.name):
+                    return self.node(found)
+                if leaderless_since is None:
+                    leaderless_since = time.monotonic()
+                break
+            now = time.monotonic()
+            stalled = leaderless_since is not None and now - leaderless_since > timeout
+            if stalled or now - begun > STALL_FACTOR * timeout:
+                shown = "\n".join(f"  {name}: {answer}" for name, answer in answers.items())
+                besides = f" besides {other_than.name}" if other_than else ""
+                raise TimeoutError(
+                    f"no node{besides} leads {queue} after {now - begun:.0f} s; "
+                    f"the last answers:\n{shown}"
+                )
             time.sleep(1)
 
     def isolate(self, node: Node) -> None:
