@@ -12,7 +12,7 @@ from app.web.edge import Edge
 from app.web.errors import register_error_handlers
 from app.web.metrics import install as install_metrics
 from app.web.model_bounds import declare as declare_model_bounds
-from app.web.openapi import Api, spec_options
+from app.web.openapi import Api, KeyedOperations, spec_options
 from app.web.request_reader import RequestGuard
 from app.web.root import ApiRoot
 from app.web.services import close_request_session
@@ -43,7 +43,8 @@ def create_app(settings: Settings | None = None, *, celery=None) -> Flask:
     # Opened now, not on a first request that many threads may share.
     svc.catalog, svc.db, svc.storage, svc.publisher, svc.watcher  # noqa: B018
     app.extensions["diffq"] = svc
-    api = Api(app)  # app/web/openapi.py: flask-smorest's, with diffq's error document
+    # app/web/openapi.py: flask-smorest's, with diffq's error document and keyed 401s
+    api = Api(app, spec_kwargs={"extra_plugins": [KeyedOperations()]})
     from app.web.resources.adapters.routes import blp as adapters_blp
     from app.web.resources.batches.files import blp as batch_files_blp
     from app.web.resources.batches.routes import blp as batches_blp

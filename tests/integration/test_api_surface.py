@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from testbed.jobs import auth
@@ -82,6 +84,44 @@ def test_openapi_document_describes_routes_limits_and_auth(client):
     assert "prompt" in schema["required"]
     assert "max_steps" in schema["properties"]["steps"]["description"]
     assert paths["/healthz"]["get"]["security"] == []
+
+
+def _filled(path: str, parameters: list[dict]) -> str:
+    """`path` with each of its parameters given a value of its type (none exists)."""
+    for parameter in parameters:
+        if parameter.get("in") != "path":
+            continue
+        schema = parameter.get("schema", {})
+        value = {"integer": "0"}.get(schema.get("type"), str(uuid.uuid4()))
+        path = path.replace("{" + parameter["name"] + "}", value)
+    return path
+
+
+def test_every_keyed_operation_documents_its_401_and_answers_it(client):
+    """The document's `security` covers every operation but the public ones, and each
+    covered operation documents `401` (app/web/openapi.py `KeyedOperations`) and answers
+    it without a key, before it reads a body or looks anything up."""
+    spec = client.get("/openapi.json").json
+    keyed = public = 0
+    for n, (path, item) in enumerate(spec["paths"].items()):
+        for method, operation in item.items():
+            if method not in ("get", "post", "put", "patch", "delete"):
+                continue
+            if operation.get("security") == []:
+                public += 1
+                assert "401" not in operation["responses"], (method, path)
+                continue
+            keyed += 1
+            assert "401" in operation["responses"], (method, path)
+            parameters = item.get("parameters", []) + operation.get("parameters", [])
+            # An address of its own: failed keys are counted against an address.
+            address = f"198.18.{n // 200}.{n % 200 + 1}"
+            answer = client.open(
+                _filled(path, parameters), method=method.upper(),
+                environ_base={"REMOTE_ADDR": address},
+            )  # fmt: skip
+            assert answer.status_code == 401, (method, path, answer.status_code)
+    assert keyed > public >= 1, (keyed, public)
 
 
 def test_the_submit_examples_show_every_job_kind_with_fields_of_its_own(client):

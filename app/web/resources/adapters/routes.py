@@ -114,7 +114,6 @@ class Adapters(MethodView):
         }
     )
     @blp.response(201, AdapterSchema, example=EXAMPLE)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(413, description="Past DIFFQ_ADAPTER_MAX_BYTES.")
     @blp.alt_response(415, description="Not a multipart form.")
     @blp.alt_response(
@@ -169,7 +168,6 @@ class Adapters(MethodView):
         return _view(row), 201
 
     @blp.response(200, AdapterListSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     def get(self):
         """List your adapters
 
@@ -184,14 +182,12 @@ class Adapters(MethodView):
 @blp.route("/<uuid:adapter_id>")
 class Adapter(MethodView):
     @blp.response(200, AdapterSchema, example=EXAMPLE)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such adapter (or not yours, or deleted).")
     def get(self, adapter_id: uuid.UUID):
         """Look an adapter up"""
         return _view(_found(adapter_id))
 
     @blp.response(204)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such adapter (or not yours, or deleted).")
     def delete(self, adapter_id: uuid.UUID):
         """Delete an adapter

@@ -84,7 +84,6 @@ class Files(MethodView):
         }
     )
     @blp.response(200, FileSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(413, description="Over DIFFQ_BATCH_MAX_BYTES.")
     @blp.alt_response(422, description="No file, an empty one, or a purpose other than batch.")
     def post(self):
@@ -125,7 +124,6 @@ class Files(MethodView):
         return file_object(found)
 
     @blp.response(200, FileListSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     def get(self):
         """List your files, newest first (at most 100)"""
         rows = request_session().scalars(
@@ -140,7 +138,6 @@ class Files(MethodView):
 @blp.route("/<uuid:file_id>")
 class FileById(MethodView):
     @blp.response(200, FileSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such file (or not yours).")
     def get(self, file_id: uuid.UUID):
         """Get a file's description"""
@@ -166,7 +163,6 @@ class FileContent(MethodView):
     @blp.response(
         200, description="The file's bytes (JSON Lines).", content_type="application/jsonl"
     )
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such file (or not yours).")
     def get(self, file_id: uuid.UUID):
         """Download a file

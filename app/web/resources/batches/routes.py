@@ -91,7 +91,6 @@ class Batches(MethodView):
     @blp.response(202, BatchSchema)
     @blp.alt_response(200, schema=BatchSchema, description="An Idempotency-Key replayed.")
     @blp.alt_response(400, description="The body is not valid JSON.")
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="`input_file_id` names no file of yours.")
     @blp.alt_response(409, description="Idempotency-Key reused with a different body.")
     @blp.alt_response(
@@ -152,7 +151,6 @@ class Batches(MethodView):
 
     @blp.arguments(BatchListQuerySchema, location="query")
     @blp.response(200, BatchListSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(
         422,
         description="A query parameter that is not one, or out of its range: both envelopes "
@@ -191,7 +189,6 @@ class Batches(MethodView):
 @blp.route("/<uuid:batch_id>")
 class BatchById(MethodView):
     @blp.response(200, BatchSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such batch (or not yours).")
     def get(self, batch_id: uuid.UUID):
         """Get a batch
@@ -207,7 +204,6 @@ class BatchById(MethodView):
 @blp.route("/<uuid:batch_id>/cancel")
 class BatchCancel(MethodView):
     @blp.response(200, BatchSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such batch (or not yours).")
     @blp.alt_response(409, description="The batch has already ended.")
     def post(self, batch_id: uuid.UUID):
@@ -238,7 +234,6 @@ class BatchResults(MethodView):
         "fresh download links) or `error`.",
         content_type="application/jsonl",
     )
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such batch (or not yours).")
     @blp.alt_response(409, description="The batch has not ended yet.")
     def get(self, batch_id: uuid.UUID):

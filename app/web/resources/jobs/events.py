@@ -56,7 +56,6 @@ class JobEvents(MethodView):
                 "content": {"text/event-stream": {"schema": {"type": "string"}}},
             },
             "204": {"description": "The job had finished and that was already sent."},
-            "401": {"description": "No or bad API key."},
             "404": {"description": "No such job (or not yours)."},
             "429": {
                 "description": "Too many open streams: the tenant's on this API process "

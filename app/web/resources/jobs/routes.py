@@ -163,7 +163,6 @@ class Jobs(MethodView):
         description="The body is not JSON: not UTF-8, or a syntax error (the message gives "
         "its line and column).",
     )
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(409, description="Idempotency-Key reused with a different body.")
     @blp.alt_response(413, description="Body larger than DIFFQ_MAX_BODY_BYTES.")
     @blp.alt_response(
@@ -201,7 +200,6 @@ class Jobs(MethodView):
 
     @blp.arguments(JobListQuerySchema, location="query")
     @blp.response(200, JobPageSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     def get(self, args):
         """List your jobs, newest first
 
@@ -225,7 +223,6 @@ class Jobs(MethodView):
 @blp.route("/<uuid:job_id>")
 class JobById(MethodView):
     @blp.response(200, JobSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such job (or not yours).")
     def get(self, job_id: uuid.UUID):
         """Get a job
@@ -242,7 +239,6 @@ class JobById(MethodView):
 @blp.route("/<uuid:job_id>/cancel")
 class JobCancel(MethodView):
     @blp.response(200, JobSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such job (or not yours).")
     @blp.alt_response(409, description="The job has already finished.")
     def post(self, job_id: uuid.UUID):
@@ -275,7 +271,6 @@ class JobReplay(MethodView):
     @blp.alt_response(
         200, schema=JobSchema, description="With `Prefer: wait=N`: the replay finished in time."
     )
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such job (or not yours).")
     @blp.alt_response(409, description="The job's model is no longer configured.")
     @blp.alt_response(429, description="Over the rate or the cap on queued jobs.")
@@ -305,7 +300,6 @@ class JobReplay(MethodView):
 @blp.route("/<uuid:job_id>/images/<int:index>")
 class JobImage(MethodView):
     @blp.response(302, description="Redirect to a short-lived download URL.")
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such job or image, or the job has not succeeded.")
     @blp.alt_response(410, description="The images were removed after the retention period.")
     def get(self, job_id: uuid.UUID, index: int):

@@ -108,7 +108,6 @@ def _event_view(event: WebhookEvent, attempts: list[WebhookAttempt]) -> dict:
 @blp.route("/<uuid:job_id>/webhooks")
 class JobWebhooks(MethodView):
     @blp.response(200, DeliveriesSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such job (or not yours).")
     def get(self, job_id: uuid.UUID):
         """List a job's webhook deliveries
@@ -139,7 +138,6 @@ class JobWebhooks(MethodView):
 @blp.route("/<uuid:job_id>/webhooks/redeliver")
 class JobWebhookRedeliver(MethodView):
     @blp.response(202, EventSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such job (or not yours), or no event sent yet.")
     def post(self, job_id: uuid.UUID):
         """Send the last event again

@@ -123,7 +123,6 @@ class JobWsTicket(MethodView):
                     }
                 },
             },
-            "401": {"description": "No or bad API key."},
             "404": {"description": "No such job (or not yours)."},
         }
     )

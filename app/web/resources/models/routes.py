@@ -72,7 +72,6 @@ def _view(spec: ModelSpec, default: str, paused: dict[str, pauses.Pause]) -> dic
 @blp.route("")
 class Models(MethodView):
     @blp.response(200, ModelListSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     def get(self):
         """List the models and their limits"""
         catalog = services().catalog
@@ -89,7 +88,6 @@ class Models(MethodView):
 class ModelEstimate(MethodView):
     @blp.arguments(EstimateQuerySchema, location="query")
     @blp.response(200, EstimateSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such model.")
     def get(self, args, name: str):
         """Estimate a job's time before submitting it
@@ -148,7 +146,6 @@ class ModelPaused(MethodView):
     @operator_only
     @blp.arguments(PauseRequestSchema)
     @blp.response(200, PauseSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(403, description="Not an operator's key.")
     @blp.alt_response(404, description="No such model.")
     @blp.alt_response(409, description="Its queue also serves a model left running.")
@@ -179,7 +176,6 @@ class ModelPaused(MethodView):
 
     @operator_only
     @blp.response(204)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(403, description="Not an operator's key.")
     @blp.alt_response(404, description="No such model.")
     @blp.alt_response(409, description="Its queue also serves a model still paused.")

@@ -111,7 +111,6 @@ class Uploads(MethodView):
         }
     )
     @blp.response(201, UploadSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(413, description="Past DIFFQ_INPUT_MAX_BYTES.")
     @blp.alt_response(415, description="Neither a multipart form nor an image body.")
     @blp.alt_response(
@@ -137,14 +136,12 @@ class Uploads(MethodView):
 @blp.route("/<uuid:upload_id>")
 class Upload(MethodView):
     @blp.response(200, UploadSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such upload (or not yours, or expired).")
     def get(self, upload_id: uuid.UUID):
         """Look an upload up"""
         return _view(_found(upload_id))
 
     @blp.response(204)
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such upload (or not yours, or expired).")
     def delete(self, upload_id: uuid.UUID):
         """Forget an upload
@@ -162,7 +159,6 @@ class Upload(MethodView):
 @blp.route("/<uuid:upload_id>/content")
 class UploadContent(MethodView):
     @blp.response(302, description="Redirect to a short-lived download URL of the PNG.")
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such upload (or not yours, or expired).")
     def get(self, upload_id: uuid.UUID):
         """Download an upload (the PNG as stored)"""
@@ -188,7 +184,6 @@ class UploadControl(MethodView):
         description="The PNG a ControlNet reads, at the upload's size.",
         content_type="image/png",
     )
-    @blp.alt_response(401, description="No or bad API key.")
     @blp.alt_response(404, description="No such upload (or not yours, or expired).")
     @blp.alt_response(422, description="An unknown `preprocess`.")
     def get(self, query, upload_id: uuid.UUID):

@@ -25,7 +25,6 @@ blp.before_request(require_api_key)
 class Usage(MethodView):
     @blp.arguments(UsageQuerySchema, location="query")
     @blp.response(200, UsageSchema)
-    @blp.alt_response(401, description="No or bad API key.")
     def get(self, args):
         """Your usage
 
