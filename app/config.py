@@ -14,14 +14,20 @@ from urllib.parse import urlsplit
 EMBEDDED_BROKER_URL = "diffqfs://localhost//"
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
+def _parsed(env: Mapping[str, str], name: str, default, parse, what: str):
+    """`name`'s value read by `parse`, `default` when unset or empty; a value `parse`
+    refuses is a ValueError that names the variable and says what it must be."""
     raw = env.get(name)
     if raw in (None, ""):
         return default
     try:
-        return int(raw)
+        return parse(raw)
     except ValueError as exc:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
+        raise ValueError(f"{name} must be {what}, got {raw!r}") from exc
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    return _parsed(env, name, default, int, "an integer")
 
 
 # Standard Webhooks' schedule: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h (~27.6 h in all).
@@ -29,15 +35,12 @@ WEBHOOK_SCHEDULE = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
 
 
 def _floats(env: Mapping[str, str], name: str, default: tuple[float, ...]) -> tuple[float, ...]:
-    raw = env.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        values = tuple(float(part) for part in raw.split(","))
-    except ValueError as exc:
-        raise ValueError(f"{name} must be comma-separated seconds, got {raw!r}") from exc
+    def parse(raw: str) -> tuple[float, ...]:
+        return tuple(float(part) for part in raw.split(","))
+
+    values = _parsed(env, name, default, parse, "comma-separated seconds")
     if any(v < 0 for v in values):
-        raise ValueError(f"{name} must not be negative, got {raw!r}")
+        raise ValueError(f"{name} must not be negative, got {env.get(name)!r}")
     return values
 
 
@@ -55,13 +58,7 @@ def _positive(value: float, name: str) -> float:
 
 
 def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        return float(raw)
-    except ValueError as exc:
-        raise ValueError(f"{name} must be a number, got {raw!r}") from exc
+    return _parsed(env, name, default, float, "a number")
 
 
 def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:

@@ -153,3 +153,24 @@ def test_the_listen_url_is_the_database_url_unless_set_and_read_the_same_way(tmp
     assert split.database_listen_url == "postgresql+psycopg2://u@db:5432/diffq"
     with pytest.raises(ValueError, match=r"DIFFQ_DATABASE_LISTEN_URL.*psycopg2"):
         load_settings(_env(tmp_path, DIFFQ_DATABASE_LISTEN_URL="postgresql+asyncpg://u@db/diffq"))
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "said"),
+    [
+        ("DIFFQ_MAX_WAIT", "ten", "must be an integer"),
+        ("DIFFQ_INPUT_TTL", "a day", "must be a number"),
+        ("DIFFQ_WEBHOOK_SCHEDULE", "5,soon", "must be comma-separated seconds"),
+        ("DIFFQ_WEBHOOK_SCHEDULE", "5,-1", "must not be negative"),
+    ],
+)
+def test_a_setting_that_does_not_parse_is_refused_naming_the_variable(tmp_path, name, raw, said):
+    with pytest.raises(ValueError, match=rf"^{name} {said}, got '{raw}'$"):
+        load_settings(_env(tmp_path, **{name: raw}))
+
+
+def test_settings_unset_or_empty_take_their_defaults(tmp_path):
+    empty = load_settings(_env(tmp_path, DIFFQ_MAX_WAIT="", DIFFQ_WEBHOOK_SCHEDULE=""))
+    unset = load_settings(_env(tmp_path))
+    assert (empty.max_wait, empty.webhook_schedule) == (unset.max_wait, unset.webhook_schedule)
+    assert load_settings(_env(tmp_path, DIFFQ_INPUT_TTL="90.5")).input_ttl == 90.5
