@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Adapter
 from app.db.types import utcnow
+from app.refused import FieldRefused
 from app.storage import Storage
 
 # The largest rank an adapter may have (r of A: r x in, B: out x r).
@@ -75,12 +76,8 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-class AdapterRefused(ValueError):
+class AdapterRefused(FieldRefused):
     """An adapter no job could run with; `field` names the request's field."""
-
-    def __init__(self, field: str, message: str, status: int = 422) -> None:
-        super().__init__(message)
-        self.field, self.message, self.status = field, message, status
 
 
 @dataclass(frozen=True)

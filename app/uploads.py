@@ -30,6 +30,7 @@ from app.db.types import utcnow
 from app.jobs.states import JobStatus
 from app.kinds import KINDS
 from app.kinds.images import InputRef
+from app.refused import FieldRefused
 from app.storage import Storage, StorageError
 
 log = logging.getLogger(__name__)
@@ -40,12 +41,8 @@ FOREVER = datetime(9999, 1, 1, tzinfo=UTC)
 _DATA_URI = re.compile(r"^data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w-]+=[\w.-]+)*);base64,")
 
 
-class InputRefused(ValueError):
+class InputRefused(FieldRefused):
     """An input image no job could run on; `field` names the request's field."""
-
-    def __init__(self, field: str, message: str, status: int = 422) -> None:
-        super().__init__(message)
-        self.field, self.message, self.status = field, message, status
 
 
 @dataclass(frozen=True)
