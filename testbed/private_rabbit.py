@@ -11,9 +11,11 @@ import time
 import uuid
 from pathlib import Path
 
-from testbed.ports import free_port, wait_for_port
+from testbed.ports import free_port
+from testbed.rabbit_boot import BootWatch
 
 RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
+HOST = "127.0.0.1"
 
 
 def _tool(name: str) -> str:
@@ -26,7 +28,7 @@ def _tool(name: str) -> str:
     return found
 
 
-class PrivateRabbitMQ:
+class PrivateRabbitMQ(BootWatch):
     """`consumer_timeout_ms`: rabbitmq.conf's `consumer_timeout` (a channel holding a
     delivery unacked that long is closed, PRECONDITION_FAILED, and the message requeued;
     None: the broker's 30 min). `channel_tick_ms`: how often each channel checks it (the
@@ -46,6 +48,7 @@ class PrivateRabbitMQ:
         self.port = free_port()
         self.dist_port = free_port()
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}//"
+        self.name = self.node
         self.pid_file = workdir / "rabbit.pid"
         workdir.mkdir(parents=True, exist_ok=True)
         config = f"listeners.tcp.default = 127.0.0.1:{self.port}\nloopback_users.guest = true\n"
@@ -90,8 +93,10 @@ class PrivateRabbitMQ:
         )
 
     def start(self, timeout: float = 60.0) -> float:
-        """Start (or restart) the node; returns the seconds until it accepted connections."""
+        """Start (or restart) the node; returns the seconds until it serves. `timeout`
+        bounds a boot that has stopped moving, not a slow one (testbed/rabbit_boot.py)."""
         started = time.monotonic()
+        self.pid_file.unlink(missing_ok=True)  # a killed VM's: the boot writes its own
         subprocess.run(
             [_tool("rabbitmq-server"), "-detached"],
             env=self.env,
@@ -99,21 +104,22 @@ class PrivateRabbitMQ:
             capture_output=True,
             timeout=60,
         )
-        wait_for_port(self.port, timeout=timeout)
-        if self.management_port:
-            wait_for_port(self.management_port, timeout=timeout)
-        deadline = time.monotonic() + timeout
-        while self._ctl("await_startup", timeout=timeout).returncode != 0:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"RabbitMQ node {self.node} did not start")
-            time.sleep(0.5)
+        self.wait_serving(timeout)
         return time.monotonic() - started
 
-    def pid(self) -> int | None:
+    @property
+    def ports(self) -> tuple[tuple[str, int], ...]:
+        management = ((HOST, self.management_port),) if self.management_port else ()
+        return ((HOST, self.port), *management)
+
+    def serving(self) -> bool:
+        """Whether the broker runs. A generous bound on the CLI itself: its VM alone may
+        take seconds on loaded cores, and a slow answer is not a node that does not serve
+        (it is asked again)."""
         try:
-            return int(self.pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
+            return self._ctl("await_startup", "--timeout", "2", timeout=45).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
 
     def stop(self) -> None:
         """A clean stop (what a restart for maintenance does)."""

@@ -26,16 +26,14 @@ import time
 from pathlib import Path
 
 from testbed.lan import Lan, Machine
-from testbed.ports import port_open
 from testbed.private_rabbit import _tool
+from testbed.rabbit_boot import STALL_FACTOR, BootWatch
 
 PORT = 5672
 NET_TICKTIME = 10
-# A boot that keeps moving may take this many times its stall timeout in all.
-STALL_FACTOR = 4
 
 
-class Node:
+class Node(BootWatch):
     def __init__(self, cluster: RabbitCluster, machine: Machine, workdir: Path) -> None:
         self.machine = machine
         self.name = f"rabbit@{machine.address}"
@@ -69,6 +67,7 @@ class Node:
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(workdir / "advanced.config"),
         }
         self.url = f"amqp://guest:guest@{machine.address}:{PORT}//"
+        self.ports = ((machine.address, PORT),)
 
     def ctl(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
         """rabbitmqctl against this node, from inside its machine (reachable when cut off)."""
@@ -101,55 +100,6 @@ class Node:
         # seconds to start, and a slow answer is not a node that does not serve.
         return self.ctl("await_startup", "--timeout", "2", timeout=45).returncode == 0
 
-    def booting(self) -> tuple[bool, int]:
-        """(whether its VM is alive, how far its log has got): what a boot's progress
-        is read from."""
-        pid = self.pid()
-        alive = pid is not None and Path(f"/proc/{pid}").exists()
-        size = 0
-        for log in (self.workdir / "log").glob("*.log"):
-            with contextlib.suppress(OSError):
-                size += log.stat().st_size
-        return alive, size
-
-    def wait_serving(self, timeout: float) -> None:
-        """Until the node serves, failing when its boot stops moving: its VM gone, or its
-        log unchanged for `timeout` seconds (RabbitMQ's recovery hang), not when it is
-        merely slow. A boot's length is the machine's: four test processes on two cores
-        once took a node past a fixed 90 s while its log still grew. At most
-        `STALL_FACTOR` x `timeout` in all.
-
-        Its AMQP listener is probed first (a TCP connect costs nothing), then
-        rabbitmqctl. Each rabbitmqctl call starts an Erlang VM, about a CPU-second: three
-        booting nodes polled that way twice a second starved each other of a 2-core
-        machine's CPU, and a node once took longer than its timeout to start."""
-        begun = moved = time.monotonic()
-        last: tuple[bool, int] | None = None
-        while True:
-            now = time.monotonic()
-            state = self.booting()
-            if state != last:
-                moved, last = now, state
-            if self.pid() is not None and not state[0]:
-                raise RuntimeError(f"RabbitMQ node {self.name} died booting:\n{self.tail()}")
-            if now - moved > timeout or now - begun > STALL_FACTOR * timeout:
-                raise TimeoutError(
-                    f"RabbitMQ node {self.name} did not start (its boot stalled "
-                    f"{now - moved:.0f} s, {now - begun:.0f} s in all):\n{self.tail()}"
-                )
-            if port_open(self.machine.address, PORT) and self.serving():
-                return
-            time.sleep(0.5)
-
-    def tail(self, lines: int = 15) -> str:
-        return "\n".join(self.log().splitlines()[-lines:])
-
-    def pid(self) -> int | None:
-        try:
-            return int(self.pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
-
     def kill(self) -> None:
         """SIGKILL the node's VM: a crash, its disk as it was."""
         pid = self.pid()
@@ -159,10 +109,6 @@ class Node:
             deadline = time.monotonic() + 30
             while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
-
-    def log(self) -> str:
-        found = sorted((self.workdir / "log").glob("rabbit@*.log"))
-        return found[0].read_text(errors="replace") if found else ""
 
 
 def _leader_in(listing: str, queue: str) -> str | None:

@@ -1,15 +1,17 @@
-"""testbed/rabbit_cluster.py `Node.wait_serving`: a node's boot fails when it stops
-moving, not when it is slow. Run 51 restarted a quorum node on a machine so loaded (four
-test processes on two cores) that its boot outlasted a fixed 90 s while its log still
-grew; here the same boot, stretched further, is waited for, and a boot that stalls or
-dies still fails. A fake clock: no RabbitMQ, no waiting."""
+"""testbed/rabbit_boot.py `BootWatch.wait_serving` (each quorum node's, and the fault
+scenarios' private node's): a node's boot fails when it stops moving, not when it is
+slow. Run 51 restarted a quorum node on a machine so loaded (four test processes on two
+cores) that its boot outlasted a fixed 90 s while its log still grew; here the same
+boot, stretched further, is waited for, and a boot that stalls or dies still fails. A
+fake clock: no RabbitMQ, no waiting."""
 
 from __future__ import annotations
 
 import pytest
 
-from testbed import rabbit_cluster
-from testbed.rabbit_cluster import STALL_FACTOR, Node
+from testbed import rabbit_boot
+from testbed.rabbit_boot import STALL_FACTOR
+from testbed.rabbit_cluster import Node
 
 
 class Clock:
@@ -30,7 +32,7 @@ class FakeNode(Node):
     def __init__(self, clock: Clock, *, every: float, serves_at: float, dies_at=None) -> None:
         self.clock, self.every, self.serves_at, self.dies_at = clock, every, serves_at, dies_at
         self.name = "rabbit@10.0.0.1"
-        self.machine = type("Machine", (), {"address": "10.0.0.1"})()
+        self.ports = (("10.0.0.1", 5672),)
 
     def pid(self) -> int | None:
         return 4242
@@ -50,8 +52,8 @@ class FakeNode(Node):
 @pytest.fixture
 def clock(monkeypatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr(rabbit_cluster, "time", fake)
-    monkeypatch.setattr(rabbit_cluster, "port_open", lambda host, port: True)
+    monkeypatch.setattr(rabbit_boot, "time", fake)
+    monkeypatch.setattr(rabbit_boot, "port_open", lambda host, port: True)
     return fake
 
 
