@@ -247,7 +247,7 @@ class RabbitCluster:
     def whole(self) -> bool:
         if not all(n.serving() for n in self.nodes):
             return False
-        status = self.nodes[0].ctl("cluster_status", "--formatter", "json", timeout=15)
+        status = self.nodes[0].ctl("cluster_status", "--formatter", "json", timeout=45)
         with contextlib.suppress(ValueError):
             shown = json.loads(status.stdout) if status.returncode == 0 else {}
             return len(shown.get("running_nodes", [])) == self.size and not shown.get("partitions")
@@ -275,6 +275,6 @@ class RabbitCluster:
         """Each node's view of the cluster, for a failure's message."""
         views = []
         for node in self.nodes:
-            shown = node.ctl("cluster_status", "--formatter", "json", timeout=15)
+            shown = node.ctl("cluster_status", "--formatter", "json", timeout=45)
             views.append(f"{node.name} serving={node.serving()}: {shown.stdout.strip()[:600]}")
         return "\n".join(views)
