@@ -8,7 +8,7 @@ from pathlib import Path
 
 from app.config import Settings
 from app.controls import ControlNetSpec
-from app.families import DEFAULT_FAMILY, FAMILIES
+from app.families import ADDON_FAMILIES, DEFAULT_FAMILY, FAMILIES
 from app.presets import PRESETS
 from app.rules import MAX_STEPS, SCHEDULER_NAMES, schedulers_for
 from app.rules import SCHEDULERS as SCHEDULER_TABLE
@@ -104,9 +104,10 @@ class ModelSpec:
     max_wait_ms: int = 0
     sizes: tuple[str, ...] = ()
     sizes_required: bool = False
-    # LoRA adapters (app/adapters.py): the family of LoRAs it takes, by their layers'
-    # widths (one of app/adapters.py FAMILIES: sd15, sd2, sdxl, tiny; empty: the model
-    # takes none) and how many one job may name.
+    # Add-on weights: the add-on family they must be of, by their layers' widths (one of
+    # app/families.py ADDON_FAMILIES of the model's family: sd15, sd2, sdxl, tiny for
+    # `sd`, flux and tiny-flux for `flux`; empty: the model takes none). LoRA adapters
+    # (app/adapters.py), where the add-on family has them: how many one job may name.
     lora_family: str = ""
     max_loras: int = 4
     # ControlNet conditioning (app/controls.py): how many controls one job may carry; a
@@ -132,6 +133,17 @@ class ModelSpec:
             object.__setattr__(self, "kinds", family.kinds if family else ("txt2img",))
         if self.fps is None:
             object.__setattr__(self, "fps", family.default_fps if family else 24)
+
+    @property
+    def lora_limit(self) -> int:
+        """The LoRA adapters one job may name: 0 without an add-on family that has them."""
+        addon = ADDON_FAMILIES.get(self.lora_family)
+        return self.max_loras if addon is not None and addon.loras else 0
+
+    @property
+    def control_limit(self) -> int:
+        """The controls one job may carry: 0 without an add-on family, or for video."""
+        return self.max_controls if self.lora_family and not self.video else 0
 
     @property
     def video(self) -> bool:
@@ -321,18 +333,21 @@ class ModelSpec:
             )
 
     def _check_add_ons(self) -> None:
-        """The add-on weights it takes: LoRA adapters of a family, at most so many, and controls."""
-        from app.adapters import FAMILIES as LORA_FAMILIES
-
-        if self.lora_family and self.lora_family not in LORA_FAMILIES:
+        """The add-on weights it takes: those of one add-on family of its own model family
+        (app/families.py ADDON_FAMILIES), LoRA adapters where that family has them, at
+        most so many, and controls."""
+        addon = ADDON_FAMILIES.get(self.lora_family)
+        if self.lora_family and addon is None:
             raise CatalogError(
-                f"model {self.name!r}: lora_family must be one of {sorted(LORA_FAMILIES)}, "
+                f"model {self.name!r}: lora_family must be one of {sorted(ADDON_FAMILIES)}, "
                 f"got {self.lora_family!r}"
             )
-        if self.lora_family and FAMILIES[self.family].flow:
+        if addon is not None and addon.model_family != self.family:
+            fitting = sorted(n for n, a in ADDON_FAMILIES.items() if a.model_family == self.family)
             raise CatalogError(
-                f"model {self.name!r}: LoRA adapters are for UNet models; "
-                f"a {self.family} model takes none (leave lora_family out)"
+                f"model {self.name!r}: lora_family {self.lora_family!r} is for "
+                f"{addon.model_family} models; a {self.family} model takes "
+                f"{', '.join(fitting) or 'no add-ons'} (or leave lora_family out)"
             )
         if not 0 <= self.max_loras <= 16:
             raise CatalogError(f"model {self.name!r}: max_loras must be in 0..16")
@@ -534,24 +549,23 @@ def load_catalog(settings: Settings) -> Catalog:
         for name, t in (data.get("adapters") or {}).items()
     }
     controlnets = {
-        name: ControlNetSpec(name, *_addon_table("controlnet", name, t, base_dir))
+        name: ControlNetSpec(name, *_addon_table("controlnet", name, t, base_dir, ADDON_FAMILIES))
         for name, t in (data.get("controlnets") or {}).items()
     }
     return Catalog(models=models, default_model=default, adapters=adapters, controlnets=controlnets)
 
 
-def _addon_table(what: str, name: str, table: dict, base_dir: Path, *extra: str) -> tuple:
+def _addon_table(what: str, name: str, table: dict, base_dir: Path, families, *extra: str) -> tuple:
     """An add-on's table (`[adapters.NAME]`, `[controlnets.NAME]`): its `path` (relative
-    to the models file) and its `family` (app/adapters.py FAMILIES: sd15, sd2, sdxl, tiny);
-    `extra` keys are allowed too."""
-    from app.adapters import FAMILIES
-
+    to the models file) and its `family`, one of `families` (app/families.py
+    ADDON_FAMILIES: those with LoRA adapters for an adapter); `extra` keys are allowed
+    too."""
     unknown = set(table) - {"path", "family", *extra}
     if unknown:
         raise CatalogError(f"{what} {name!r}: unknown keys {sorted(unknown)}")
-    if "path" not in table or table.get("family") not in FAMILIES:
+    if "path" not in table or table.get("family") not in families:
         raise CatalogError(
-            f"{what} {name!r}: path and family (one of {sorted(FAMILIES)}) are required"
+            f"{what} {name!r}: path and family (one of {sorted(families)}) are required"
         )
     path = Path(table["path"]).expanduser()
     return (path if path.is_absolute() else base_dir / path), table["family"]
@@ -560,7 +574,8 @@ def _addon_table(what: str, name: str, table: dict, base_dir: Path, *extra: str)
 def _adapter_from_table(name: str, table: dict, base_dir: Path) -> AdapterSpec:
     import hashlib
 
-    path, family = _addon_table("adapter", name, table, base_dir, "sha256")
+    lora_families = [n for n, a in ADDON_FAMILIES.items() if a.loras]
+    path, family = _addon_table("adapter", name, table, base_dir, lora_families, "sha256")
     sha256 = table.get("sha256")
     if path.is_file():
         sha256 = hashlib.sha256(path.read_bytes()).hexdigest()

@@ -20,6 +20,13 @@ one the loaded pipeline can run.
 A video family's pipeline class per job kind is `pipelines` (an image family's kinds use the
 AutoPipelines of app/kinds).
 
+Add-on weights (LoRA adapters, ControlNets) attach to layers whose widths a model's
+architecture fixes, so each declares an add-on family (`ADDON_FAMILIES`: sd15, sd2, sdxl,
+flux, and the tiny test models' tiny and tiny-flux), the same one a model declares in its
+catalog entry (`lora_family`). An add-on family belongs to one model family, and says
+whether LoRA adapters of it are taken here: a FLUX model takes ControlNets
+(`controlnet_class`, FluxControlNetModel) but no LoRA yet.
+
 tests/worker/test_families.py runs a tiny random-weight pipeline of each family
 (workers/tiny.py) with every scheduler its family offers.
 """
@@ -50,6 +57,8 @@ class Family:
     # The diffusers pipeline class each kind runs on, where it is not the kind's
     # AutoPipeline (video families: diffusers has no video AutoPipeline).
     pipelines: tuple[tuple[str, str], ...] = ()
+    # The diffusers class of its ControlNets; None: it takes none (docs/controls.md).
+    controlnet_class: str | None = None
 
     def pipeline_for(self, kind: str) -> str | None:
         return dict(self.pipelines).get(kind)
@@ -59,11 +68,25 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {
-    "sd": Family("sd", "Stable Diffusion 1.x, 2.x, SDXL (UNet)", False, 8, None),
+    "sd": Family(
+        "sd",
+        "Stable Diffusion 1.x, 2.x, SDXL (UNet)",
+        False,
+        8,
+        None,
+        controlnet_class="ControlNetModel",
+    ),
     "sd3": Family(
         "sd3", "Stable Diffusion 3 / 3.5 (MMDiT, flow matching)", True, 16, ("StableDiffusion3",)
     ),
-    "flux": Family("flux", "FLUX.1 (flow matching)", True, 16, ("Flux",)),
+    "flux": Family(
+        "flux",
+        "FLUX.1 (flow matching)",
+        True,
+        16,
+        ("Flux",),
+        controlnet_class="FluxControlNetModel",
+    ),
     "wan": Family(
         "wan",
         "Wan 2.1 / 2.2 video (flow matching; 4k + 1 frames)",
@@ -90,6 +113,28 @@ FAMILIES: dict[str, Family] = {
     ),
 }
 DEFAULT_FAMILY = "sd"
+
+
+@dataclass(frozen=True)
+class AddonFamily:
+    """The widths add-on weights attach to: `model_family`'s models of one size."""
+
+    name: str
+    model_family: str  # FAMILIES
+    loras: bool  # LoRA adapters of it are taken (app/adapters.py FAMILIES: their widths)
+
+
+ADDON_FAMILIES: dict[str, AddonFamily] = {
+    a.name: a
+    for a in (
+        AddonFamily("sd15", "sd", True),
+        AddonFamily("sd2", "sd", True),
+        AddonFamily("sdxl", "sd", True),
+        AddonFamily("tiny", "sd", True),  # workers/tiny.py
+        AddonFamily("flux", "flux", False),
+        AddonFamily("tiny-flux", "flux", False),  # workers/tiny_flow.py
+    )
+}
 
 
 def family_of_pipeline(class_name: str) -> str:

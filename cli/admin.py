@@ -246,12 +246,20 @@ def model_build_tiny(dir, seed, inpainting, family, image_to_video) -> int:
 @model.command("build-tiny-controlnet")
 @click.argument("dir")
 @click.option("--seed", type=int, default=0, show_default=True, help="weights seed")
-def model_build_tiny_controlnet(dir, seed) -> int:
-    """Save a random-weight ControlNet for the tiny model to DIR (list it in the models
-    file as `[controlnets.NAME]` with `family = "tiny"`)."""
+@click.option(
+    "--family",
+    type=click.Choice(["sd", "flux"]),
+    default="sd",
+    show_default=True,
+    help='the tiny model it is for: sd (list it with `family = "tiny"`) or flux '
+    '(`family = "tiny-flux"`)',
+)
+def model_build_tiny_controlnet(dir, seed, family) -> int:
+    """Save a random-weight ControlNet for the tiny model (or the tiny FLUX model) to DIR
+    (list it in the models file as `[controlnets.NAME]` with its add-on family)."""
     from workers.tiny import build_tiny_controlnet
 
-    print(f"tiny ControlNet saved to {build_tiny_controlnet(dir, seed=seed)}")
+    print(f"tiny ControlNet saved to {build_tiny_controlnet(dir, seed=seed, family=family)}")
     return 0
 
 

@@ -129,18 +129,26 @@ def _derive(base: Any, auto_class: str) -> Any:
     return derived
 
 
-# Keywords a kind passes that only some of its pipelines take (LTX-Video's `frame_rate`).
-OPTIONAL_KEYWORDS = ("frame_rate",)
+# Keywords a kind passes that only some of its pipelines take: LTX-Video's `frame_rate`;
+# FLUX's ControlNet pipelines' `control_mode` (several plain ControlNets need one each,
+# None); `negative_prompt`, which FLUX's ControlNet image-to-image and inpainting
+# pipelines lack (a FLUX model ignores one anyway at diffq's true_cfg_scale of 1).
+OPTIONAL_KEYWORDS = ("frame_rate", "control_mode", "negative_prompt")
 
 
-def _sized(pipeline: Any, arguments: dict[str, Any], job: JobRequest) -> dict[str, Any]:
-    """The job's output size for a pipeline that takes one where the kind left it out
-    (image to image: the input's size is the output's; FLUX's image-to-image would make
-    its default 1024² instead); the optional keywords this pipeline does not take left out."""
+def _fitted(pipeline: Any, arguments: dict[str, Any], job: JobRequest) -> dict[str, Any]:
+    """The kind's keywords as this pipeline takes them: the job's output size where the
+    kind left it out (image to image: the input's size is the output's; FLUX's
+    image-to-image would make its default 1024² instead); the control images of a text
+    to image job as `control_image` where the pipeline has no `image` (FLUX's; SD's
+    text-to-image ControlNet pipelines name them `image`); the optional keywords it does
+    not take left out."""
     import inspect
 
     accepted = inspect.signature(pipeline.__call__).parameters
     arguments = {k: v for k, v in arguments.items() if k not in OPTIONAL_KEYWORDS or k in accepted}
+    if "image" in arguments and "image" not in accepted and "control_image" in accepted:
+        arguments["control_image"] = arguments.pop("image")
     if "width" in accepted and "height" in accepted and "width" not in arguments:
         return {**arguments, "width": job.width, "height": job.height}
     return arguments
@@ -260,7 +268,7 @@ def _call(
         try:
             with torch.inference_mode():
                 output = pipeline(
-                    **_sized(pipeline, kind.call_arguments(jobs, prepared), jobs[0]),
+                    **_fitted(pipeline, kind.call_arguments(jobs, prepared), jobs[0]),
                     generator=generators if len(generators) > 1 else generators[0],
                     callback_on_step_end=callback,
                     callback_on_step_end_tensor_inputs=cuttable or ["latents"],

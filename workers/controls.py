@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from app.controls import Control
+from app.families import FAMILIES
+from workers.compiled import denoiser_name
 
 if TYPE_CHECKING:
     from workers.pipelines import LoadedModel
@@ -48,17 +50,25 @@ def _module(rt: WorkerRuntime, model: LoadedModel, name: str) -> Any:
 
     started = time.perf_counter()
     dtype = getattr(model.pipeline, "dtype", None)
+    class_name = FAMILIES[model.spec.family].controlnet_class
+    if class_name is None:  # the catalog refuses it; a second line
+        raise ControlNetMissing(f"a {model.spec.family} model takes no ControlNet")
+    found = _class_name(spec.path)
+    if found is not None and found != class_name:
+        raise ControlNetMissing(
+            f"the ControlNet {name!r} is a {found}; model {model.spec.name!r} "
+            f"({model.spec.family}) takes a {class_name} (its catalog family is wrong)"
+        )
     try:
-        module = diffusers.ControlNetModel.from_pretrained(spec.path, torch_dtype=dtype)
-    except (OSError, ValueError) as exc:
+        module = getattr(diffusers, class_name).from_pretrained(spec.path, torch_dtype=dtype)
+    except (OSError, ValueError, TypeError) as exc:
         raise ControlNetMissing(f"the ControlNet {name!r} did not load: {exc}") from exc
     module = module.to(model.device)
-    unet = getattr(model.pipeline, "unet", None)
-    wanted = getattr(getattr(unet, "config", None), "cross_attention_dim", None)
-    if wanted is not None and module.config.cross_attention_dim != wanted:
+    mismatch = _mismatch(module, getattr(model.pipeline, denoiser_name(model.pipeline) or "", None))
+    if mismatch:
         raise ControlNetMissing(
-            f"the ControlNet {name!r} attends to width {module.config.cross_attention_dim}; "
-            f"model {model.spec.name!r}'s UNet to {wanted} (its catalog family is wrong)"
+            f"the ControlNet {name!r} does not fit model {model.spec.name!r}: {mismatch} "
+            "(its catalog family is wrong)"
         )
     limit = max(1, rt.settings.worker_controlnets)
     while len(held) >= limit:
@@ -68,6 +78,33 @@ def _module(rt: WorkerRuntime, model: LoadedModel, name: str) -> Any:
     held[name] = module
     log.info("ControlNet %s loaded in %.2fs", name, time.perf_counter() - started)
     return module
+
+
+def _class_name(path: Any) -> str | None:
+    """The diffusers class a saved ControlNet's config.json names (None: unreadable)."""
+    import json
+    from pathlib import Path
+
+    try:
+        return json.loads((Path(path) / "config.json").read_text()).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+# The widths a ControlNet shares with its model's denoiser: the text embedding a UNet's
+# cross-attention reads, the T5 sequence a FLUX transformer's joint attention reads.
+# (Not `in_channels`: an inpainting UNet takes 9 where its ControlNets take 4.)
+SHARED_WIDTHS = ("cross_attention_dim", "joint_attention_dim")
+
+
+def _mismatch(module: Any, denoiser: Any) -> str:
+    """How `module` does not fit `denoiser` ("" where it does)."""
+    theirs = getattr(denoiser, "config", {})
+    for key in SHARED_WIDTHS:
+        wanted, has = theirs.get(key), module.config.get(key)
+        if wanted is not None and has is not None and has != wanted:
+            return f"its {key} is {has}, the model's {type(denoiser).__name__} has {wanted}"
+    return ""
 
 
 def derived_with(base: Any, auto_class: str, modules: Sequence[Any]) -> Any:

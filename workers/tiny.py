@@ -219,6 +219,15 @@ def tiny_controlnet(seed: int = 0, *, strength: float = 0.05):
     return controlnet
 
 
-def build_tiny_controlnet(out_dir: str | Path, seed: int = 0) -> Path:
-    """Save `tiny_controlnet(seed)` to `out_dir`; a reader never sees half a directory."""
+def build_tiny_controlnet(out_dir: str | Path, seed: int = 0, family: str = "sd") -> Path:
+    """Save a tiny ControlNet to `out_dir`: `tiny_controlnet(seed)` for the tiny model
+    (add-on family `tiny`), or with `family="flux"` workers/tiny_flow.py
+    `tiny_flux_controlnet(seed)` for the tiny FLUX model (`tiny-flux`); a reader never
+    sees half a directory."""
+    if family == "flux":
+        from workers.tiny_flow import tiny_flux_controlnet
+
+        return _saved(tiny_flux_controlnet(seed), out_dir)
+    if family != "sd":
+        raise ValueError(f"no tiny ControlNet for family {family!r} (sd or flux)")
     return _saved(tiny_controlnet(seed), out_dir)

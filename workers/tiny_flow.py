@@ -166,4 +166,36 @@ def build_tiny_flux_pipeline(seed: int = 0):
     )
 
 
+def tiny_flux_controlnet(seed: int = 0, *, strength: float = 0.05):
+    """A random-weight FLUX ControlNet for the tiny FLUX model (diffusers'
+    FluxControlNetModel, shaped like its transformer: add-on family `tiny-flux`). Every
+    weight is drawn from `seed`, the zero-initialised projections a trained ControlNet
+    starts from included, so a control image changes what the model draws."""
+    import torch
+    from diffusers import FluxControlNetModel
+
+    transformer = build_tiny_flux_pipeline(0).transformer
+    controlnet = FluxControlNetModel(
+        **{
+            key: transformer.config[key]
+            for key in (
+                "patch_size",
+                "in_channels",
+                "num_layers",
+                "num_single_layers",
+                "attention_head_dim",
+                "num_attention_heads",
+                "joint_attention_dim",
+                "pooled_projection_dim",
+                "axes_dims_rope",
+            )
+        }
+    )
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in controlnet.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * strength)
+    return controlnet
+
+
 BUILDERS = {"sd3": build_tiny_sd3_pipeline, "flux": build_tiny_flux_pipeline}

@@ -331,4 +331,5 @@ class JobKind:
             "controlnet_conditioning_scale": [c.scale for c in controls],
             "control_guidance_start": [c.start for c in controls],
             "control_guidance_end": [c.end for c in controls],
+            "control_mode": [None] * len(controls),  # FLUX's pipelines (workers/call.py)
         }

@@ -73,3 +73,46 @@ def test_unsafe_or_broken_entries_are_refused(tmp_path, table, fragment):
 def test_a_default_model_that_is_not_defined_is_refused(tmp_path):
     with pytest.raises(CatalogError, match="default_model"):
         _catalog(tmp_path, 'default_model = "x"\n[models.m]\npath = "/m"\n')
+
+
+def test_an_add_on_family_fits_its_model_family_and_says_whether_loras_apply(tmp_path):
+    """A FLUX model takes FLUX ControlNets (its add-on family `flux` or `tiny-flux`) and no
+    LoRA yet; an SD model's add-on family takes both (app/families.py ADDON_FAMILIES)."""
+    catalog = _catalog(
+        tmp_path,
+        '[models.f]\npath = "/f"\nfamily = "flux"\nlora_family = "flux"\n'
+        '[models.s]\npath = "/s"\nlora_family = "sdxl"\nmax_controls = 3\n'
+        '[models.plain]\npath = "/p"\n'
+        '[controlnets.f-canny]\npath = "/fc"\nfamily = "flux"\n',
+    )
+    flux, sdxl, plain = (catalog.models[n] for n in ("f", "s", "plain"))
+    assert (flux.lora_limit, flux.control_limit) == (0, flux.max_controls) != (0, 0)
+    assert (sdxl.lora_limit, sdxl.control_limit) == (sdxl.max_loras, 3) != (0, 3)
+    assert (plain.lora_limit, plain.control_limit) == (0, 0)
+    assert catalog.controlnets["f-canny"].family == "flux"
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ('[models.f]\npath = "/f"\nfamily = "flux"\nlora_family = "sdxl"\n', "takes flux, tiny"),
+        ('[models.s]\npath = "/s"\nlora_family = "flux"\n', "is for flux models"),
+        ('[models.s]\npath = "/s"\nlora_family = "sd9"\n', "lora_family must be one of"),
+        (
+            '[models.s]\npath = "/s"\n[adapters.a]\npath = "/a.st"\nfamily = "flux"\n',
+            r"family \(one of \['sd15', 'sd2', 'sdxl', 'tiny'\]\)",
+        ),
+    ],
+)
+def test_an_add_on_family_of_another_model_family_is_refused(tmp_path, text, fragment):
+    with pytest.raises(CatalogError, match=fragment):
+        _catalog(tmp_path, text)
+
+
+def test_the_add_on_families_with_loras_are_those_whose_widths_the_upload_check_knows():
+    from app.adapters import FAMILIES as LORA_WIDTHS
+    from app.families import ADDON_FAMILIES, FAMILIES
+
+    assert {n for n, a in ADDON_FAMILIES.items() if a.loras} == set(LORA_WIDTHS)
+    for addon in ADDON_FAMILIES.values():  # each add-on family's models take ControlNets
+        assert FAMILIES[addon.model_family].controlnet_class, addon

@@ -174,6 +174,7 @@ def test_a_worker_loads_catalog_controlnets_once_keeps_a_bounded_few_and_refuses
     model.kind_pipelines[("txt2img", "a")] = object()
     controlnets_for(rt, model, named("b"))  # one kept: "a" and its pipelines go
     assert list(model.controlnets) == ["b"] and ("txt2img", "a") not in model.kind_pipelines
-    for name, said in [("gone", "did not load"), ("wide", "attends to width 64"), ("x", "catalog")]:
+    refusals = [("gone", "did not load"), ("wide", "cross_attention_dim is 64"), ("x", "catalog")]
+    for name, said in refusals:
         with pytest.raises(ControlNetMissing, match=said):
             controlnets_for(rt, model, named(name))

@@ -146,7 +146,7 @@ class Adapters(MethodView):
         if spec is None:
             names = ", ".join(sorted(svc.catalog.models))
             abort(422, errors={"form": {"model": [f"Unknown model. Available: {names}."]}})
-        if not spec.lora_family or spec.max_loras == 0:
+        if spec.lora_limit == 0:
             abort(422, errors={"form": {"model": [f"Model '{spec.name}' takes no adapters."]}})
         name = request.form.get("name") or None
         if name is not None and len(name) > 200:

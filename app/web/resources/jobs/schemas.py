@@ -333,9 +333,8 @@ def _resolve_loras(spec, data: dict[str, Any]) -> dict[str, Any]:
     if not items:
         data["loras"] = ()
         return {}
-    if not spec.lora_family or len(items) > spec.max_loras:
-        most = spec.max_loras if spec.lora_family else 0
-        return {"loras": [f"At most {most} adapters for model '{spec.name}'."]}
+    if len(items) > spec.lora_limit:
+        return {"loras": [f"At most {spec.lora_limit} adapters for model '{spec.name}'."]}
     found, errors = resolve_loras(spec, items)
     if errors:
         return {"loras": errors}
@@ -352,7 +351,7 @@ def _resolve_controls(kind, spec, data: dict[str, Any]) -> dict[str, Any]:
     if not items:
         data["controls"] = ()
         return {}
-    most = 0 if kind.video or not spec.lora_family else spec.max_controls
+    most = 0 if kind.video else spec.control_limit
     if len(items) > most:
         return {"controls": [f"At most {most} controls for model '{spec.name}' ({kind.name})."]}
     found, errors = [], {}

@@ -53,17 +53,17 @@ def _view(spec: ModelSpec, default: str, paused: dict[str, pauses.Pause]) -> dic
         if spec.video
         else None,
         "lora_family": spec.lora_family or None,
-        "max_loras": spec.max_loras if spec.lora_family else 0,
+        "max_loras": spec.lora_limit,
         "shared_adapters": sorted(
             a.name for a in services().catalog.adapters.values() if a.family == spec.lora_family
         )
-        if spec.lora_family
+        if spec.lora_limit
         else [],
-        "max_controls": spec.max_controls if spec.lora_family and not spec.video else 0,
+        "max_controls": spec.control_limit,
         "controlnets": sorted(
             c.name for c in services().catalog.controlnets.values() if c.family == spec.lora_family
         )
-        if spec.lora_family and not spec.video
+        if spec.control_limit
         else [],
         "paused": pause.as_dict() if pause else None,
     }
@@ -116,9 +116,8 @@ class ModelEstimate(MethodView):
         errors = model_limit_errors(spec, data)
         for field, messages in kind.limit_errors(spec, data).items():
             errors.setdefault(field, []).extend(messages)
-        most = spec.max_loras if spec.lora_family else 0
-        if count > most:
-            errors["loras"] = [f"At most {most} adapters for model '{spec.name}'."]
+        if count > spec.lora_limit:
+            errors["loras"] = [f"At most {spec.lora_limit} adapters for model '{spec.name}'."]
         if errors:
             abort(422, errors={"query": errors})
         # Adapters count by number only (each a tenth more work: app/kinds/base.py).

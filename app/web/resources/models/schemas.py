@@ -144,8 +144,9 @@ class ModelSchema(ma.Schema):
     lora_family = fields.String(
         allow_none=True,
         metadata={
-            "description": "The family LoRA adapters must fit (`POST /v1/adapters`); null: "
-            "the model takes no adapters.",
+            "description": "The add-on family its add-on weights must fit: LoRA adapters "
+            "(`POST /v1/adapters`, where `max_loras` is above 0) and ControlNets; null: the "
+            "model takes none. A FLUX model's (`flux`) takes ControlNets, no LoRA yet.",
             "example": "sd15",
         },
     )

@@ -15,7 +15,7 @@ let report = () => {};
 let changed = () => {};
 
 const rows = () => Array.from($("lora-list").children);
-const most = () => (model && model.lora_family ? model.max_loras : 0);
+const most = () => (model ? model.max_loras : 0); // 0 where its family has no LoRA
 
 function byDigest(sha256) {
   return adapters.find((adapter) => adapter.sha256 === sha256) || null;
