@@ -146,6 +146,11 @@ def _build(path: Path, command: list[str]) -> Path:
     return path
 
 
+def build_tiny_flux_controlnet(path: Path) -> Path:
+    """A tiny FLUX ControlNet (add-on family `tiny-flux`) at `path`, built once a run."""
+    return _cached(path, "controlnet-flux", ["build-tiny-controlnet", "--family", "flux"])
+
+
 def build_tiny_controlnet(stack: Stack) -> Path:
     """The models file's `tiny-canny` ControlNet, built when a test first needs it."""
     path = stack.workdir / "models" / "tiny-controlnet"

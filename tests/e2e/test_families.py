@@ -1,18 +1,24 @@
 """SD3 and FLUX jobs through the whole path: the API, RabbitMQ, a real worker process
 loading tiny random-weight SD3 and FLUX pipelines (workers/tiny_flow.py) from their
 directories, the outcome in PostgreSQL and the image in S3. A scheduler of another family
-is refused at submit, a 422 naming `scheduler`; a few-step preset's defaults run."""
+is refused at submit, a 422 naming `scheduler`; a few-step preset's defaults run. A FLUX
+ControlNet steers a FLUX job of every image kind; an SD ControlNet or a LoRA on the FLUX
+model, and the FLUX ControlNet on an SD model, are a 422 naming the field."""
 
 from __future__ import annotations
+
+import base64
+import io
 
 import pytest
 import requests
 from kombu import Connection
+from PIL import Image
 
 from app.broker.topology import declare_topology
 from testbed.jobs import auth, submit, wait_terminal
 from testbed.processes import ApiServer, start_worker
-from testbed.stack import MODELS_TOML, build_tiny_model
+from testbed.stack import MODELS_TOML, build_tiny_flux_controlnet, build_tiny_model
 
 pytestmark = pytest.mark.services
 
@@ -42,6 +48,11 @@ default_width = 64
 default_height = 64
 soft_time_limit = 60
 time_limit = 90
+lora_family = "tiny-flux"
+
+[controlnets.tiny-flux-canny]
+path = "{flux_canny}"
+family = "tiny-flux"
 """
 
 
@@ -52,6 +63,7 @@ def families(stack, tmp_path_factory):
     root = tmp_path_factory.mktemp("families")
     # `diffq model build-tiny --family …`, once a run (testbed/stack.py's model cache)
     paths = {family: build_tiny_model(root / family, family) for family in ("sd3", "flux")}
+    paths["flux_canny"] = build_tiny_flux_controlnet(root / "flux-canny")
     models_file = root / "models.toml"
     models_file.write_text(
         MODELS_TOML.format(
@@ -128,3 +140,77 @@ def test_the_models_endpoint_shows_each_family_its_schedulers(families, tenant_k
     assert "flow_euler" not in models["tiny"]["schedulers"]
     assert models["tiny-flux"]["family"] == "flux"
     assert models["tiny-flux"]["preset"] == "schnell"
+
+
+def _data_uri(image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _square(box=(16, 16, 48, 48)) -> Image.Image:
+    image = Image.new("RGB", (64, 64), (20, 20, 20))
+    image.paste((230, 120, 40), box)
+    return image
+
+
+def _pixels(url: str) -> bytes:
+    response = requests.get(url, timeout=10)
+    assert response.status_code == 200
+    return Image.open(io.BytesIO(response.content)).tobytes()
+
+
+@pytest.mark.parametrize("kind", ["txt2img", "img2img", "inpaint"])
+def test_a_flux_controlnet_steers_a_flux_job_of_every_image_kind(families, tenant_key, kind):
+    body = {"model": "tiny-flux", "kind": kind, "prompt": "a lantern", "seed": 5, "cache": False}
+    if kind != "txt2img":
+        body["image"] = _data_uri(Image.new("RGB", (64, 64), (90, 140, 200)))
+    if kind == "inpaint":
+        mask = Image.new("L", (64, 64), 0)
+        mask.paste(255, (8, 8, 56, 56))
+        body["mask"] = _data_uri(mask)
+    control = {"controlnet": "tiny-flux-canny", "image": _data_uri(_square()), "end": 0.9}
+    plain = submit(families.url, tenant_key, **body)
+    steered = submit(families.url, tenant_key, **body, controls=[control])
+    plain, steered = (wait_terminal(families.url, tenant_key, j["id"]) for j in (plain, steered))
+    assert plain["status"] == steered["status"] == "succeeded", (plain, steered)
+    assert steered["result"]["manifest"]["controls"][0]["controlnet"] == "tiny-flux-canny"
+    assert _pixels(steered["result"]["images"][0]["url"]) != _pixels(
+        plain["result"]["images"][0]["url"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "extra", "field"),
+    [
+        ("tiny-flux", {"controls": [{"controlnet": "tiny-canny"}]}, "controls"),
+        ("tiny", {"controls": [{"controlnet": "tiny-flux-canny"}]}, "controls"),
+        ("tiny-flux", {"loras": [{"name": "ink"}]}, "loras"),
+    ],
+)
+def test_an_add_on_of_another_family_is_a_422_naming_the_field(
+    families, tenant_key, model, extra, field
+):
+    for control in extra.get("controls", []):
+        control["image"] = _data_uri(_square())
+    response = requests.post(
+        f"{families.url}/v1/jobs",
+        json={"model": model, "prompt": "a lighthouse", **extra},
+        headers=auth(tenant_key),
+        timeout=10,
+    )
+    assert response.status_code == 422, response.text
+    errors = response.json()["errors"]["json"]
+    assert list(errors) == [field], errors
+    if field == "controls":
+        assert "controlnet" in errors["controls"]["0"], errors
+
+
+def test_the_models_endpoint_offers_a_flux_model_its_controlnets_and_no_lora(families, tenant_key):
+    response = requests.get(f"{families.url}/v1/models", headers=auth(tenant_key), timeout=10)
+    models = {m["name"]: m for m in response.json()["data"]}
+    flux = models["tiny-flux"]
+    assert (flux["lora_family"], flux["max_loras"], flux["shared_adapters"]) == ("tiny-flux", 0, [])
+    assert (flux["controlnets"], flux["max_controls"]) == (["tiny-flux-canny"], 2)
+    assert "tiny-flux-canny" not in models["tiny"]["controlnets"]
+    assert models["tiny-sd3"]["max_controls"] == 0
