@@ -8,10 +8,11 @@ image into what the ControlNet was trained on before the call: `none` (the image
 condition already: an edge map, a depth map) or `canny` (OpenCV's Canny edges of it,
 computed by the worker, as the reference canny ControlNets were trained).
 
-A ControlNet fits a model when both are of one add-on family (app/adapters.py FAMILIES:
-sd15, sd2, sdxl, tiny), the same `lora_family` a model declares for its LoRAs: the
-family says the widths of the layers add-on weights attach to. So an SDXL ControlNet for
-an SD 1.5 model is a 422 naming the control, never a worker's crash.
+A ControlNet fits a model when both are of one add-on family (app/families.py
+ADDON_FAMILIES: sd15, sd2, sdxl, tiny for Stable Diffusion; flux, tiny-flux for FLUX),
+the `lora_family` a model declares: the family says the widths of the layers add-on
+weights attach to. So an SDXL ControlNet for an SD 1.5 model, or an SD one for a FLUX
+model, is a 422 naming the control, never a worker's crash.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ CONTROL_WORK = 0.4
 @dataclass(frozen=True)
 class ControlNetSpec:
     """A ControlNet of the catalog (`[controlnets.NAME]`): a diffusers ControlNetModel
-    directory, read by the workers that serve a model of its `family`."""
+    (FluxControlNetModel for FLUX) directory, read by the workers that serve a model of
+    its `family`."""
 
     name: str
     path: Path
