@@ -11,25 +11,15 @@ import subprocess
 import pytest
 
 from testbed import rabbit_cluster
+from testbed.fake_clock import FakeClock
 from testbed.rabbit_cluster import STALL_FACTOR, RabbitCluster
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class FakeNode:
     """A node whose rabbitmqctl takes `cost` seconds to answer; `answer(now)` is its
     listing then, or None when the node is down (a quick refusal)."""
 
-    def __init__(self, clock: Clock, name: str, answer, cost: float = 1.0) -> None:
+    def __init__(self, clock: FakeClock, name: str, answer, cost: float = 1.0) -> None:
         self.clock, self.name, self.answer, self.cost = clock, name, answer, cost
         self.asked = 0
 
@@ -52,8 +42,8 @@ def listing(leader: str | None) -> str:
 
 
 @pytest.fixture
-def clock(monkeypatch) -> Clock:
-    fake = Clock()
+def clock(monkeypatch) -> FakeClock:
+    fake = FakeClock()
     monkeypatch.setattr(rabbit_cluster, "time", fake)
     return fake
 

@@ -10,26 +10,16 @@ from __future__ import annotations
 import pytest
 
 from testbed import rabbit_boot
+from testbed.fake_clock import FakeClock
 from testbed.rabbit_boot import STALL_FACTOR
 from testbed.rabbit_cluster import Node
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class FakeNode(Node):
     """A boot whose log grows by a line every `every` seconds until `serves_at`;
     `dies_at`: its VM exits then."""
 
-    def __init__(self, clock: Clock, *, every: float, serves_at: float, dies_at=None) -> None:
+    def __init__(self, clock: FakeClock, *, every: float, serves_at: float, dies_at=None) -> None:
         self.clock, self.every, self.serves_at, self.dies_at = clock, every, serves_at, dies_at
         self.name = "rabbit@10.0.0.1"
         self.ports = (("10.0.0.1", 5672),)
@@ -50,8 +40,8 @@ class FakeNode(Node):
 
 
 @pytest.fixture
-def clock(monkeypatch) -> Clock:
-    fake = Clock()
+def clock(monkeypatch) -> FakeClock:
+    fake = FakeClock()
     monkeypatch.setattr(rabbit_boot, "time", fake)
     monkeypatch.setattr(rabbit_boot, "port_open", lambda host, port: True)
     return fake
