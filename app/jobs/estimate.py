@@ -10,24 +10,18 @@ same fit (fixed + per unit) is made to the model's recent successes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.db.models import Job
 from app.db.types import utcnow
-from app.jobs.queue_info import RECENT_JOBS, CostModel, fit, time_left
+from app.jobs.queue_info import CostModel, fit, recent_runs, time_left, work
 from app.jobs.states import JobStatus
-from app.kinds import JobRequest, request_from_stored
+from app.kinds import JobRequest
 
 # Queued jobs read to price the queue; beyond this the rest are priced at their mean.
 QUEUE_SAMPLE = 500
-
-
-def work(stored: dict[str, Any] | None) -> float:
-    """Units of work of a stored request (app/kinds `JobRequest.work`)."""
-    return request_from_stored(stored or {}).work
 
 
 @dataclass(frozen=True)
@@ -40,17 +34,7 @@ class Estimate:
 
 
 def size_cost_model(session: Session, model: str) -> tuple[CostModel | None, int]:
-    rows = session.execute(
-        select(Job.input, Job.started_at, Job.finished_at)
-        .where(Job.model == model, Job.status == JobStatus.SUCCEEDED)
-        .order_by(Job.finished_at.desc())
-        .limit(RECENT_JOBS)
-    ).all()
-    samples = [
-        (work(params), (finished - started).total_seconds())
-        for params, started, finished in rows
-        if started and finished
-    ]
+    samples = recent_runs(session, model)
     return fit(samples), len(samples)
 
 

@@ -83,20 +83,24 @@ def fit(samples: list[tuple[float, float]]) -> CostModel | None:
     return CostModel(0.0, statistics.median(s / u for u, s in samples))
 
 
-def cost_model(session: Session, model: str) -> CostModel | None:
+def recent_runs(session: Session, model: str) -> list[tuple[float, float]]:
+    """(work units, seconds run) of the model's last RECENT_JOBS jobs that succeeded:
+    what its cost is fitted to."""
     rows = session.execute(
         select(Job.input, Job.started_at, Job.finished_at)
         .where(Job.model == model, Job.status == JobStatus.SUCCEEDED)
         .order_by(Job.finished_at.desc())
         .limit(RECENT_JOBS)
     ).all()
-    return fit(
-        [
-            (work(params), (finished - started).total_seconds())
-            for params, started, finished in rows
-            if started and finished
-        ]
-    )
+    return [
+        (work(params), (finished - started).total_seconds())
+        for params, started, finished in rows
+        if started and finished
+    ]
+
+
+def cost_model(session: Session, model: str) -> CostModel | None:
+    return fit(recent_runs(session, model))
 
 
 def denoising_left(progress: dict, elapsed: float) -> float | None:

@@ -208,7 +208,14 @@ class JobKind:
         return {}
 
     def default_size(self, spec: ModelSpec, data: Mapping[str, Any]) -> tuple[int, int]:
-        """The output's width and height when the request names none."""
+        """The output's width and height when the request names none: its input image's
+        (image to image, inpainting, image to video), fitted to the model's limits, else
+        the model's default."""
+        from app.kinds.images import InputRef, fit_size
+
+        image = data.get("image")
+        if isinstance(image, InputRef):
+            return fit_size(spec, image.width, image.height)
         return spec.default_width, spec.default_height
 
     def normalize(self, spec: ModelSpec, data: Mapping[str, Any]) -> JobRequest:

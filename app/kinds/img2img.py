@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app.kinds.base import JobKind, JobRequest
-from app.kinds.images import InputRef, fit_size, image_field, resized, strength_field
+from app.kinds.images import InputRef, image_field, resized, strength_field
 
 if TYPE_CHECKING:
     from app.catalog import ModelSpec
@@ -76,13 +76,6 @@ class ImageKind(JobKind):
                 f"leaves no step to run: {fix}."
             )
         return errors
-
-    def default_size(self, spec: ModelSpec, data: Mapping[str, Any]) -> tuple[int, int]:
-        """The input's size, fitted to the model's limits."""
-        image = data.get("image")
-        if not isinstance(image, InputRef):
-            return super().default_size(spec, data)
-        return fit_size(spec, image.width, image.height)
 
     def own_fields(self, spec: ModelSpec, data: Mapping[str, Any]) -> dict[str, Any]:
         strength = data.get("strength")

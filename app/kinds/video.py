@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app.kinds.base import JobKind, JobRequest
-from app.kinds.images import InputRef, fit_size, image_field
+from app.kinds.images import InputRef, image_field
 
 if TYPE_CHECKING:
     from app.catalog import ModelSpec
@@ -182,13 +182,6 @@ class ImageToVideo(TextToVideo):
         if data.get("image") is None:
             errors["image"] = [f"Required for kind '{self.name}'."]
         return errors
-
-    def default_size(self, spec: ModelSpec, data: Mapping[str, Any]) -> tuple[int, int]:
-        """The input's shape, fitted to the model's limits."""
-        image = data.get("image")
-        if not isinstance(image, InputRef):
-            return super().default_size(spec, data)
-        return fit_size(spec, image.width, image.height)
 
     def own_fields(self, spec: ModelSpec, data: Mapping[str, Any]) -> dict[str, Any]:
         return {**super().own_fields(spec, data), "image": data["image"].sha256}

@@ -49,6 +49,10 @@ blp.before_request(require_api_key)
 OPENAI_MODEL_NAMES = ("dall-e-2", "dall-e-3", "gpt-image-1", "gpt-image-1-mini")
 # diffq's field names in validation errors, as this endpoint's clients name them.
 FIELD_NAMES = {"num_images": "n", "width": "size", "height": "size", "metadata": "user"}
+# The header every synchronous answer carries: the diffq job it came from.
+JOB_ID_HEADER = {
+    "diffq-job-id": {"description": "The job behind the answer.", "schema": {"type": "string"}}
+}
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -178,12 +182,18 @@ def _job_request(body: dict[str, Any], **fields: Any) -> dict[str, Any]:
     for name in ("seed", "steps", "negative_prompt", "guidance_scale", "strength"):
         if name in body:
             job[name] = body[name]
+    return loaded_job(job, FIELD_NAMES)
+
+
+def loaded_job(job: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """`job` loaded as a diffq job request (the `POST /v1/jobs` schema); its first
+    refusal as OpenAI's 422, naming the OpenAI parameter behind the field (`names`)."""
     try:
         return JobCreateSchema().load(job)
     except ma.ValidationError as exc:
         messages = exc.messages if isinstance(exc.messages, dict) else {"prompt": exc.messages}
         field, problems = next(iter(messages.items()))
-        param = FIELD_NAMES.get(field, field)
+        param = names.get(field, field)
         text = " ".join(str(p) for p in problems) if isinstance(problems, list) else str(problems)
         raise OpenAIError(422, f"{param}: {text}", param=param, code="invalid_value") from exc
 
@@ -249,16 +259,7 @@ def _image_data(job, response_format: str) -> list[dict[str, Any]]:
 @blp.route("/generations")
 class Generations(MethodView):
     @blp.arguments(ImagesGenerateSchema(), example=EXAMPLE)
-    @blp.response(
-        200,
-        ImagesResponseSchema,
-        headers={
-            "diffq-job-id": {
-                "description": "The job behind the answer.",
-                "schema": {"type": "string"},
-            }
-        },
-    )
+    @blp.response(200, ImagesResponseSchema, headers=JOB_ID_HEADER)
     @blp.alt_response(400, description="The body is not JSON (`invalid_request_error`).")
     @blp.alt_response(401, description="No or bad API key (`authentication_error`).")
     @blp.alt_response(
@@ -290,16 +291,7 @@ class Generations(MethodView):
 @blp.route("/edits")
 class Edits(MethodView):
     @blp.doc(requestBody=EDIT_BODY)
-    @blp.response(
-        200,
-        ImagesResponseSchema,
-        headers={
-            "diffq-job-id": {
-                "description": "The job behind the answer.",
-                "schema": {"type": "string"},
-            }
-        },
-    )
+    @blp.response(200, ImagesResponseSchema, headers=JOB_ID_HEADER)
     @blp.alt_response(401, description="No or bad API key (`authentication_error`).")
     @blp.alt_response(413, description="Past DIFFQ_INPUT_MAX_BYTES.")
     @blp.alt_response(

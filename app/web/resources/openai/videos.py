@@ -33,7 +33,6 @@ from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint, parse_json_body
 from app.web.downloads import attachment
 from app.web.inputs import checked_png
-from app.web.resources.jobs.schemas import JobCreateSchema
 from app.web.resources.jobs.submit import submit
 from app.web.resources.openai.routes import (
     FIELD_NAMES,
@@ -41,6 +40,7 @@ from app.web.resources.openai.routes import (
     _any_error,
     _http_error,
     _openai_error,
+    loaded_job,
 )
 from app.web.resources.openai.schemas import SIZE_PATTERN
 from app.web.resources.openai.video_schemas import (
@@ -227,16 +227,7 @@ def _job_request(body: dict[str, Any], reference: Any) -> dict[str, Any]:
     for name in ("seed", "steps", "negative_prompt", "guidance_scale", "fps"):
         if body.get(name) is not None:
             job[name] = body[name]
-    try:
-        return JobCreateSchema().load(job)
-    except ma.ValidationError as exc:
-        messages = exc.messages if isinstance(exc.messages, dict) else {"prompt": exc.messages}
-        field, problems = next(iter(messages.items()))
-        param = {**FIELD_NAMES, "num_frames": "seconds", "image": "input_reference"}.get(
-            field, field
-        )
-        text = " ".join(str(p) for p in problems) if isinstance(problems, list) else str(problems)
-        raise OpenAIError(422, f"{param}: {text}", param=param, code="invalid_value") from exc
+    return loaded_job(job, {**FIELD_NAMES, "num_frames": "seconds", "image": "input_reference"})
 
 
 def video_object(job: Job) -> dict[str, Any]:
