@@ -124,6 +124,20 @@ def test_every_keyed_operation_documents_its_401_and_answers_it(client):
     assert keyed > public >= 1, (keyed, public)
 
 
+def test_every_operation_has_a_summary_and_a_description(client):
+    """A route's docstring is its documentation: its first line the summary, the rest
+    what a client needs beyond the schema (the README and /docs read the same)."""
+    spec = client.get("/openapi.json").json
+    bare = [
+        (method, path)
+        for path, item in spec["paths"].items()
+        for method, operation in item.items()
+        if method in ("get", "post", "put", "patch", "delete")
+        and not (operation.get("summary") and operation.get("description"))
+    ]
+    assert bare == []
+
+
 def test_the_submit_examples_show_every_job_kind_with_fields_of_its_own(client):
     """POST /v1/jobs documents one example per kind, each using only fields the request
     schema declares, and the kind's own fields only on that kind."""

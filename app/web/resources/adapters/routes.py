@@ -184,7 +184,11 @@ class Adapter(MethodView):
     @blp.response(200, AdapterSchema, example=EXAMPLE)
     @blp.alt_response(404, description="No such adapter (or not yours, or deleted).")
     def get(self, adapter_id: uuid.UUID):
-        """Look an adapter up"""
+        """Look an adapter up
+
+        Its name, digest and size, the model and family it was checked for, its rank and
+        the layers it adapts. Another tenant's or a deleted adapter is a 404.
+        """
         return _view(_found(adapter_id))
 
     @blp.response(204)

@@ -125,7 +125,11 @@ class Files(MethodView):
 
     @blp.response(200, FileListSchema)
     def get(self):
-        """List your files, newest first (at most 100)"""
+        """List your files, newest first (at most 100)
+
+        OpenAI's file objects: the batch input files you uploaded and the output files of
+        your batches.
+        """
         rows = request_session().scalars(
             select(BatchFile)
             .where(BatchFile.tenant_id == current_tenant())
@@ -140,14 +144,21 @@ class FileById(MethodView):
     @blp.response(200, FileSchema)
     @blp.alt_response(404, description="No such file (or not yours).")
     def get(self, file_id: uuid.UUID):
-        """Get a file's description"""
+        """Get a file's description
+
+        OpenAI's file object: its id, size, name, purpose and when it was made.
+        """
         return file_object(_file_or_404(file_id))
 
     @blp.response(200, description='`{"id", "object": "file", "deleted": true}`.')
     @blp.alt_response(404, description="No such file (or not yours).")
     @blp.alt_response(409, description="An output file: it goes with its batch.")
     def delete(self, file_id: uuid.UUID):
-        """Delete an input file"""
+        """Delete an input file
+
+        Its bytes are removed from the store at once. A batch's output file goes with its
+        batch (a 409).
+        """
         found = _file_or_404(file_id)
         if found.storage_key is None:
             abort(409, message="A batch's output file goes with its batch.")

@@ -21,7 +21,11 @@ class SignedFile(MethodView):
     @blp.alt_response(403, description="Bad or expired signature.")
     @blp.alt_response(404, description="No such file, or storage is not local.")
     def get(self, key: str):
-        """Download a locally stored image with a signed, expiring URL"""
+        """Download a locally stored image with a signed, expiring URL
+
+        The links a job's images get when the images are stored on this machine (`diffq
+        up`'s default): `expires` and `signature` are the link's; no key is needed.
+        """
         storage = services().storage
         if not isinstance(storage, LocalStorage):
             abort(404, message="Not found.")

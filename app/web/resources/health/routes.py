@@ -56,7 +56,10 @@ class Health(MethodView):
     @blp.doc(security=[])
     @blp.response(200)
     def get(self):
-        """Liveness: the process is up"""
+        """Liveness: the process is up
+
+        Checks nothing else (readiness is `/readyz`); needs no key.
+        """
         return {"status": "ok"}
 
 
@@ -91,7 +94,11 @@ class Ready(MethodView):
     )
     @blp.alt_response(503, description="The database is away or not migrated.")
     def get(self):
-        """Readiness: a job can be stored (database up, schema current)"""
+        """Readiness: a job can be stored (database up, schema current)
+
+        `checks` reports the database, its schema, the broker and the storage; only those
+        in `required` decide the status. Needs no key.
+        """
         svc = services()
         database = _check(svc.db.ping)
         checks = {

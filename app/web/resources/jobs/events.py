@@ -65,7 +65,12 @@ class JobEvents(MethodView):
         }
     )
     def get(self, job_id: uuid.UUID):
-        """Stream a job's status and progress"""
+        """Stream a job's status and progress
+
+        Server-Sent Events until the job ends: the events are the 200 answer's. Reconnect
+        with `Last-Event-ID` to go on from the job's current state; a job that had ended
+        and was sent is a 204.
+        """
         tenant_id = current_tenant()
         job = service.get_job(request_session(), tenant_id, job_id)
         if job is None:

@@ -186,7 +186,12 @@ class JobWebSocket(MethodView):
         },
     )
     def get(self, job_id: uuid.UUID):
-        """Follow a job over a WebSocket"""
+        """Follow a job over a WebSocket
+
+        The stream's events over a WebSocket, for clients that cannot send a header:
+        authenticate with a single-use ticket (`POST /v1/jobs/{job_id}/ws-ticket`) in the
+        `ticket` query parameter, or the key in `Authorization`.
+        """
         _check_origin()
         ticket = _authenticate(job_id)
         tenant_id = current_tenant()

@@ -73,7 +73,13 @@ def _view(spec: ModelSpec, default: str, paused: dict[str, pauses.Pause]) -> dic
 class Models(MethodView):
     @blp.response(200, ModelListSchema)
     def get(self):
-        """List the models and their limits"""
+        """List the models and their limits
+
+        Every model of the catalog: its limits (sizes, steps, images, prompt length), family
+        and preset, schedulers, job kinds, video rules, add-ons (`lora_family`, shared
+        adapters, ControlNets, how many a job may name) and whether an operator paused it.
+        The model a request without `model` runs on is marked `default`.
+        """
         catalog = services().catalog
         paused = pauses.paused(request_session())
         return {

@@ -138,7 +138,12 @@ class Upload(MethodView):
     @blp.response(200, UploadSchema)
     @blp.alt_response(404, description="No such upload (or not yours, or expired).")
     def get(self, upload_id: uuid.UUID):
-        """Look an upload up"""
+        """Look an upload up
+
+        Its digest, size and mode, when it was stored and when it expires, and its links
+        (`urls.content` downloads the PNG). Another tenant's, a forgotten or an expired
+        upload is a 404.
+        """
         return _view(_found(upload_id))
 
     @blp.response(204)
@@ -161,7 +166,11 @@ class UploadContent(MethodView):
     @blp.response(302, description="Redirect to a short-lived download URL of the PNG.")
     @blp.alt_response(404, description="No such upload (or not yours, or expired).")
     def get(self, upload_id: uuid.UUID):
-        """Download an upload (the PNG as stored)"""
+        """Download an upload (the PNG as stored)
+
+        A redirect to a link to the PNG that expires after DIFFQ_PRESIGN_TTL seconds
+        (900); the link needs no key.
+        """
         svc = services()
         row = _found(upload_id)
         key = input_key(row.tenant_id, row.sha256)
