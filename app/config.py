@@ -121,6 +121,9 @@ class Settings:
     # a job whose weights a worker holds (0: warmth ignored), and by how many weighted
     # GPU-seconds of recent use the warm job's tenant may be ahead of the fairest.
     warm_max_skips: int
+    # The hold (docs/fair-share.md): seconds after it was queued that a job whose model
+    # this worker does not hold is left to a busy worker that holds it (0: no hold).
+    warm_hold_seconds: float
     # Loaded pipelines a worker process holds at most (LRU; 0: no bound in count), and the
     # bytes their weights may take on its device (0: on a GPU, 70 % of its memory; on the
     # CPU, no bound). The served models that fit are loaded at start, others when needed.
@@ -349,6 +352,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         adapter_device_bytes=_int(env, "DIFFQ_ADAPTER_DEVICE_BYTES", 1024 * 1024 * 1024),
         adapter_slots=_int(env, "DIFFQ_ADAPTER_SLOTS", 16),
         warm_max_skips=_int(env, "DIFFQ_WARM_MAX_SKIPS", 8),
+        warm_hold_seconds=_float(env, "DIFFQ_WARM_HOLD_SECONDS", 20.0),
         worker_max_models=_int(env, "DIFFQ_WORKER_MAX_MODELS", 0),
         worker_controlnets=_int(env, "DIFFQ_WORKER_CONTROLNETS", 4),
         worker_model_bytes=_int(env, "DIFFQ_WORKER_MODEL_BYTES", 0),

@@ -22,6 +22,7 @@ from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs import fairness, transitions
 from app.jobs.states import ErrorCode, JobStatus
+from workers.hold import Hold
 from workers.record import count_failed
 
 if TYPE_CHECKING:
@@ -83,6 +84,21 @@ def claim_for_message(
         if claim.kind == transitions.ClaimKind.EXHAUSTED and claim.job is not None:
             give_up(session, claim.job)
     passing: list[uuid.UUID] = []  # chosen jobs another transaction held: passed over
+    hold = Hold(rt)  # jobs left to a busy worker that holds their model (workers/hold.py)
+    try:
+        return _claim(rt, session, message_job_id, claim_args, passing, hold)
+    finally:
+        hold.done()
+
+
+def _claim(
+    rt: WorkerRuntime,
+    session: Session,
+    message_job_id: uuid.UUID,
+    claim_args: dict,
+    passing: list[uuid.UUID],
+    hold: Hold,
+) -> transitions.Claim:
     tries = 0
     while tries < CLAIM_TRIES:
         session.expire_all()  # what other workers committed since the last try
@@ -96,7 +112,12 @@ def claim_for_message(
         if not spare and job.deadline_at is not None and job.deadline_at <= utcnow():
             break  # its own job is past its deadline: claiming it cancels it
         window = rt.settings.fair_share_window
-        chosen = fairness.choose(session, job, utcnow(), window, rt.warmth(), passing)
+        held = hold.condition(session)
+        chosen = fairness.choose(session, job, utcnow(), window, rt.warmth(), passing, held)
+        if held is not None and hold.keeps(session, job, chosen, held):
+            hold.wait(session, job)
+            passing.clear()  # who holds which row has changed since
+            continue
         if chosen is None:  # a spare permit with nothing waiting
             kind = (
                 transitions.ClaimKind.FINISHED

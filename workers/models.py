@@ -48,6 +48,9 @@ class ModelCache(MutableMapping[str, LoadedModel]):
         self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()
         self._lock = threading.RLock()
         self.loads = 0
+        # Told the loaded names whenever they change (the runtime writes them down for the
+        # other workers' hold: app/jobs/residency.py).
+        self.listener: Callable[[list[str]], None] | None = None
         WORKER_MODEL_BUDGET.set(budget)
         self._publish()
 
@@ -100,6 +103,7 @@ class ModelCache(MutableMapping[str, LoadedModel]):
             if shared is not None:
                 manifest = {**(shared.manifest or {}), "model": name}
                 self._loaded[name] = replace(shared, spec=spec, manifest=manifest)
+                self._publish()
                 return self._loaded[name]
             self._make_room(spec)
             model = self._load(spec)
@@ -113,8 +117,10 @@ class ModelCache(MutableMapping[str, LoadedModel]):
         return len({id(m.pipeline) for m in self._loaded.values()})
 
     def _publish(self) -> None:
-        """diffq_worker_model_bytes: what is loaded now."""
+        """diffq_worker_model_bytes, and the listener: what is loaded now."""
         WORKER_MODEL_BYTES.set(self.bytes)
+        if self.listener is not None:
+            self.listener(list(self._loaded))
 
     def held(self) -> list[tuple[str, LoadedModel]]:
         """The loaded models, least recent first, without making any more recent."""

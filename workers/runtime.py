@@ -12,7 +12,10 @@ import time
 import uuid
 from collections.abc import Mapping
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from app.catalog import Catalog
+from app.jobs import residency
 from app.jobs.cache import record_model_digest
 from app.jobs.fairness import Warmth
 from app.jobs.listener import Listener
@@ -80,7 +83,20 @@ class WorkerRuntime(Services):
     def close(self) -> None:
         if self.cancel_listener is not None:
             self.cancel_listener.stop()
+        self.models.listener = None
+        if self.opened("db"):
+            self.say_held([])
         super().close()
+
+    def say_held(self, names: list[str]) -> None:
+        """Write down the models this process holds, for the other workers' hold
+        (app/jobs/residency.py). Best effort: a write lost to a database outage only
+        costs a hold until the next change."""
+        try:
+            with self.db.session() as session:
+                residency.record(session, self.owner, names)
+        except SQLAlchemyError as exc:
+            log.warning("could not write down the models held here: %s", exc)
 
     @property
     def idle_transaction_seconds(self) -> float:
@@ -284,6 +300,9 @@ def build_runtime(parent: Services, queues: list[str]) -> WorkerRuntime:
             PostProcessor(settings.postprocess_depth) if settings.postprocess_depth > 0 else None
         ),
     )
+
+    models.listener = runtime.say_held
+    runtime.say_held(list(models))
 
     def record_digests(session) -> None:
         for name, digest in digests.items():

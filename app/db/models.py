@@ -321,6 +321,19 @@ class ModelPause(Base):
     paused_by: Mapped[str | None] = mapped_column(String(100))
 
 
+class HeldModel(Base):
+    """A model a worker process holds loaded, as it last said (workers/models.py): a free
+    worker leaves a cold job for a while to a busy one that holds its model
+    (app/jobs/residency.py). Written when a worker's loaded set changes; removed when it
+    stops. A crashed worker's rows say nothing once it runs no job with a live lease."""
+
+    __tablename__ = "held_models"
+
+    owner: Mapped[str] = mapped_column(String(200), primary_key=True)  # jobs.lease_owner
+    model: Mapped[str] = mapped_column(String(100), primary_key=True, index=True)
+    loaded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class AuthFailure(Base):
     """Failed authentications of one client address in one minute, counted by every API
     process (app/web/throttle.py): the failed-auth throttle is shared, as the rate limit

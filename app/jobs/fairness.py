@@ -26,7 +26,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, false, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, false, func, not_, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import Job, Tenant
@@ -44,7 +44,7 @@ class Share:
         return self.used / self.weight
 
 
-def _waiting(queue: str, priority: int, now: datetime):
+def waiting_at(queue: str, priority: int, now: datetime):
     """Queued jobs of the pool at this priority that hold a confirmed message and may
     still start (not past their deadline)."""
     return and_(
@@ -139,7 +139,7 @@ def fairest(
     GPU time; ties go to the `prefer` tenant, then to the oldest job. `where` narrows the
     waiting jobs (a batch: those that may share its pipeline call, workers/batch.py).
     With `warmth`, a warm job may go first within its bounds (`Warmth`)."""
-    condition = _waiting(queue, priority, now)
+    condition = waiting_at(queue, priority, now)
     if where is not None:
         condition = and_(condition, where)
     heads = _heads(session, condition)
@@ -182,6 +182,7 @@ def choose(
     window: float,
     warmth: Warmth | None = None,
     passing: Collection[uuid.UUID] = (),
+    leave: ColumnElement[bool] | None = None,
 ) -> uuid.UUID | None:
     """The job that the message of `job` should start.
 
@@ -192,8 +193,12 @@ def choose(
     permit: it starts the fairest waiting job, or nothing (None) when none waits.
     `passing`: jobs to leave out of this choice (another worker is claiming them:
     workers/claim.py); with every other job passed, a queued job's message chooses its own.
+    `leave`: SQL for more jobs to leave out (held for a warm worker: workers/hold.py).
     """
-    where = Job.id.not_in(list(passing)) if passing else None
+    left = [Job.id.not_in(list(passing))] if passing else []
+    if leave is not None:
+        left.append(not_(leave))
+    where = and_(*left) if left else None
     queue, priority = job.queue, job.publish_priority
     if job.status == JobStatus.QUEUED and job.published_at is not None:
         best = fairest(session, queue, priority, now, window, job.tenant_id, where, warmth)

@@ -126,6 +126,12 @@ MODEL_LOAD_DURATION = Histogram(
     ["model", "phase"],
     buckets=(0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
 )
+WORKER_HOLD_SECONDS = Counter(
+    "diffq_worker_hold_seconds",
+    "Seconds a worker's claim waited, its message unacked, because the waiting jobs' "
+    "models were loaded on busy workers (DIFFQ_WARM_HOLD_SECONDS), by queue",
+    ["queue"],
+)
 WORKER_BUSY = Counter(
     "diffq_worker_busy_seconds",
     "Seconds a worker spent holding a job; its rate is the worker's busy fraction",

@@ -192,7 +192,11 @@ def _worker(owner: str):
     from types import SimpleNamespace
 
     settings = SimpleNamespace(
-        max_attempts=5, lease_seconds=30, fair_share=True, fair_share_window=WINDOW
+        max_attempts=5,
+        lease_seconds=30,
+        fair_share=True,
+        fair_share_window=WINDOW,
+        warm_hold_seconds=0.0,
     )
     return SimpleNamespace(owner=owner, settings=settings, warmth=lambda: None)
 

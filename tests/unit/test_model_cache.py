@@ -101,3 +101,18 @@ def test_both_bounds_hold_whichever_is_reached_first():
     assert not cache.fits("c")  # bytes would fit, the count does not
     cache.get("c")
     assert sorted(cache) == ["b", "c"]
+
+
+def test_the_listener_hears_every_change_of_the_loaded_set():
+    """What the other workers' hold reads (app/jobs/residency.py): told after each load,
+    each shared entry and each unload, the set as it is then."""
+    cache, _ = _cache(capacity=1)
+    heard = []
+    cache.listener = heard.append
+    cache.get("a")
+    cache.get("a2")  # the same weights: an entry, no load
+    cache.get("b")  # a and a2 go, then b comes
+    assert heard[0] == ["a"] and heard[1] == ["a", "a2"]
+    assert heard[-1] == ["b"] and all("b" not in names for names in heard[:-1])
+    cache.get("b")  # already loaded: nothing changed, nothing said
+    assert heard[-1] == ["b"] and len([n for n in heard if n == ["b"]]) == 1

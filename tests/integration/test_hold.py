@@ -1,0 +1,214 @@
+"""The hold (workers/hold.py, app/jobs/residency.py), on PostgreSQL and on the embedded
+SQLite: a free worker leaves a job whose model it does not hold to a busy worker that
+holds it, for at most DIFFQ_WARM_HOLD_SECONDS after the job was queued; never for an
+idle holder, a holder whose lease lapsed, or a job past the bound; and a message whose
+only jobs are held waits, holding nothing, then claims."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+from sqlalchemy import select, update
+
+from app.db.models import HeldModel, Job
+from app.db.types import utcnow
+from app.jobs import residency, service, transitions
+from app.jobs.states import JobStatus, Priority
+from app.keys import get_or_create_tenant
+from app.metrics.instruments import WORKER_HOLD_SECONDS
+from testbed.factories import job_request
+from workers import hold
+from workers.claim import claim_for_message
+
+pytestmark = pytest.mark.services
+
+BOUND = 20.0
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def database(request, tmp_path):
+    if request.param == "postgresql":
+        yield request.getfixturevalue("db")
+        return
+    from app.db.migrate import upgrade
+    from app.db.session import Database
+
+    url = f"sqlite:///{tmp_path / 'hold.sqlite3'}"
+    upgrade(url)
+    database = Database(url)
+    yield database
+    database.dispose()
+
+
+class _Worker(SimpleNamespace):
+    """What the claim reads of a worker runtime: `holds` are its loaded models."""
+
+    def __init__(self, owner: str, holds: tuple[str, ...], bound: float = BOUND) -> None:
+        settings = SimpleNamespace(
+            max_attempts=5,
+            lease_seconds=30,
+            fair_share=True,
+            fair_share_window=600.0,
+            warm_hold_seconds=bound,
+        )
+        super().__init__(
+            owner=owner,
+            settings=settings,
+            warmth=lambda: None,
+            models=SimpleNamespace(held=lambda: [(name, None) for name in holds]),
+            draining=threading.Event(),
+            hand_back_requested=threading.Event(),
+        )
+
+
+class _Pool:
+    """A queue and models of its own (`x`, `y`, `z`: other tests' workers hold none of
+    them), one tenant, and worker `busy` holding model `x` while it runs an `x` job under
+    a live lease."""
+
+    def __init__(self, database) -> None:
+        self.db = database
+        run = uuid.uuid4().hex[:8]
+        self.queue = f"gpu.hold-{run}"
+        self.x, self.y, self.z = f"x-{run}", f"y-{run}", f"z-{run}"
+        self.busy = f"busy-{uuid.uuid4().hex[:6]}"
+        with database.session() as session:
+            self.tenant = get_or_create_tenant(session, f"hold-{uuid.uuid4().hex[:8]}").id
+            running = self.queued(session, self.x)
+            residency.record(session, self.busy, [self.x])
+        with database.session() as session:
+            claim = transitions.claim_job(
+                session,
+                running,
+                owner=self.busy,
+                redelivered=False,
+                max_attempts=5,
+                lease_seconds=60,
+            )
+            assert claim.kind == transitions.ClaimKind.CLAIMED
+        self.running = running
+
+    def queued(self, session, model: str, age: float = 0.0) -> uuid.UUID:
+        job = service.create_job(
+            session,
+            self.tenant,
+            model=model,
+            queue=self.queue,
+            priority=Priority.NORMAL,
+            request=job_request(model="tiny", steps=2),
+            metadata=None,
+        )
+        job.published_at = utcnow() - timedelta(seconds=age)
+        session.flush()
+        return job.id
+
+    def add(self, model: str, age: float = 0.0) -> uuid.UUID:
+        with self.db.session() as session:
+            return self.queued(session, model, age)
+
+    def claim(self, worker: _Worker, message: uuid.UUID) -> transitions.Claim:
+        with self.db.session() as session:
+            return claim_for_message(worker, session, message, redelivered=False)
+
+    def worker(self, owner: str, holds: str, bound: float = BOUND) -> _Worker:
+        return _Worker(owner, tuple(getattr(self, name) for name in holds), bound)
+
+    def held(self, worker: _Worker, job_id: uuid.UUID) -> bool:
+        mine = [name for name, _ in worker.models.held()]
+        with self.db.session() as session:
+            condition = residency.held_by_others(session, worker.owner, mine, BOUND)
+            return residency.is_held(session, condition, job_id)
+
+    def set_running(self, **values) -> None:
+        with self.db.session() as session:
+            session.execute(update(Job).where(Job.id == self.running).values(**values))
+
+
+def test_a_free_worker_leaves_a_cold_job_to_the_busy_worker_that_holds_its_model(database):
+    pool = _Pool(database)
+    cold = pool.add(pool.x)  # the fair choice (oldest), cold for the free worker
+    warm = pool.add(pool.y)
+    free = pool.worker("free", "y")
+    claim = pool.claim(free, cold)  # the cold job's own message
+    assert claim.kind == transitions.ClaimKind.CLAIMED
+    assert (claim.job.id, claim.job.permit_id) == (warm, cold)  # the message as permit
+    with database.session() as session:
+        assert session.get(Job, cold).status == JobStatus.QUEUED  # left to the holder
+    # With the hold off, the same choice takes the cold job at once.
+    claim = pool.claim(pool.worker("off", "y", bound=0.0), cold)
+    assert claim.job.id == cold and claim.job.lease_owner == "off"
+
+
+def test_no_hold_for_an_idle_or_lost_holder_a_job_past_the_bound_or_a_warm_worker(database):
+    pool = _Pool(database)
+    free = pool.worker("free", "y")
+    cold = pool.add(pool.x)
+    assert pool.held(free, cold)
+    assert not pool.held(pool.worker("warm", "xy"), cold)  # it holds the model too
+    assert not pool.held(free, pool.add(pool.x, age=BOUND + 1))  # waited past the bound
+    assert not pool.held(free, pool.add(pool.z))  # nobody holds z
+    # A message may arrive before its publish is recorded: held from its creation.
+    unrecorded = pool.add(pool.x)
+    with database.session() as session:
+        session.execute(update(Job).where(Job.id == unrecorded).values(published_at=None))
+    assert pool.held(free, unrecorded)
+    pool.set_running(lease_expires_at=utcnow() - timedelta(seconds=1))
+    assert not pool.held(free, cold)  # the holder's lease lapsed: it may be dead
+    pool.set_running(lease_expires_at=utcnow() + timedelta(seconds=60))
+    assert pool.held(free, cold)
+    pool.set_running(status=JobStatus.SUCCEEDED, lease_owner=None, lease_expires_at=None)
+    assert not pool.held(free, cold)  # the holder is idle: its next message is its own
+    with database.session() as session:
+        residency.forget(session, pool.busy)
+    with database.session() as session:
+        assert session.scalars(select(HeldModel).where(HeldModel.owner == pool.busy)).all() == []
+
+
+def test_a_message_whose_only_job_is_held_waits_until_the_bound_then_claims_it(database):
+    pool = _Pool(database)
+    left = 2.0  # the hold's seconds still to run when the claim starts
+    cold = pool.add(pool.x, age=BOUND - left)
+    before = WORKER_HOLD_SECONDS.labels(pool.queue)._value.get()
+    started = time.monotonic()
+    claim = pool.claim(pool.worker("free", "y"), cold)
+    waited = time.monotonic() - started
+    assert claim.job.id == cold and claim.job.lease_owner == "free"
+    # It could not claim before the bound passed, however fast the machine.
+    assert waited >= left - 0.2, waited
+    held = WORKER_HOLD_SECONDS.labels(pool.queue)._value.get() - before
+    assert held >= left - 0.5, held
+    print(f"held {waited:.2f} s for a hold with {left} s to run; metric {held:.2f} s")
+
+
+def test_a_held_message_claims_once_the_holder_is_idle_and_stayed_idle(database, monkeypatch):
+    """The holder finishes while the free worker's message waits; the job is left
+    SETTLE_SECONDS (the holder's own next message could start it), then claimed."""
+    pool = _Pool(database)
+    cold = pool.add(pool.x)
+    waiting = threading.Event()
+    wait = hold.Hold.wait
+
+    def signalled(self, session, job):
+        waiting.set()
+        wait(self, session, job)
+
+    monkeypatch.setattr(hold.Hold, "wait", signalled)
+    result: dict = {}
+    claimer = threading.Thread(
+        target=lambda: result.update(claim=pool.claim(pool.worker("free", "y"), cold))
+    )
+    claimer.start()
+    assert waiting.wait(30), "the claim never waited for the holder"
+    with database.session() as session:
+        assert session.get(Job, cold).status == JobStatus.QUEUED
+    freed = time.monotonic()
+    pool.set_running(status=JobStatus.SUCCEEDED, lease_owner=None, lease_expires_at=None)
+    claimer.join(60)
+    assert not claimer.is_alive(), "the claim still waits with its holder idle"
+    assert result["claim"].job.id == cold and result["claim"].job.lease_owner == "free"
+    assert time.monotonic() - freed >= hold.SETTLE_SECONDS - 0.1
