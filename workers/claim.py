@@ -125,6 +125,8 @@ def _claim(
                 else transitions.ClaimKind.BUSY
             )
             return transitions.Claim(kind, job)
+        if hold.hands_over(session, chosen, claim_args["redelivered"]):
+            return transitions.Claim(transitions.ClaimKind.ELSEWHERE, job)
         may_pass = chosen not in passing and len(passing) < PASS_AT_MOST
         if may_pass and not transitions.lock_if_waiting(session, chosen):
             passing.append(chosen)  # another worker is claiming it: choose again

@@ -77,6 +77,9 @@ def execute_job(
     if claim.kind == transitions.ClaimKind.EXHAUSTED:
         log.error("job %s dead-lettered: attempt cap reached", context["job_id"], extra=context)
         return Outcome(Verdict.DEAD_LETTER, "attempt cap reached")
+    if claim.kind == transitions.ClaimKind.ELSEWHERE:
+        log.info("job %s: to the idle worker that holds its model", context["job_id"])
+        return Outcome(Verdict.REQUEUE, "handed to the idle worker that holds its model")
     if claim.kind != transitions.ClaimKind.CLAIMED:
         status = job.status.value if job is not None else "absent"
         log.info("job %s not run: %s (%s)", context["job_id"], claim.kind, status, extra=context)

@@ -2,6 +2,10 @@
 worker does, is left to that worker for at most DIFFQ_WARM_HOLD_SECONDS after it was
 queued (app/jobs/residency.py). The claim chooses among the other waiting jobs; when
 only held jobs wait, it waits (its message unacked, no row locked) and looks again.
+When the chosen job's model is held by an idle worker instead, the message goes back to
+the queue once (`hands_over`): the broker delivers it to the next consumer with room,
+the idle holder, as RabbitMQ rotates its consumers; redelivered, it is claimed wherever
+it lands.
 
 Why a hold and not a second copy: on the residency bench (docs/performance.md), a free
 worker that waits for the holder made 0.58x the model loads of starting at once, with
@@ -19,12 +23,12 @@ from typing import TYPE_CHECKING
 from sqlalchemy import ColumnElement
 from sqlalchemy.orm import Session
 
+from app.db.models import Job
 from app.db.types import utcnow
 from app.jobs import fairness, residency
 from app.metrics.instruments import WORKER_HOLD_SECONDS
 
 if TYPE_CHECKING:
-    from app.db.models import Job
     from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -52,8 +56,13 @@ class Hold:
             return None
         if self.rt.draining.is_set() or self.rt.hand_back_requested.is_set():
             return None  # a shutdown claims as before: its run goes back at once
+        if self.held_since is not None and time.monotonic() - self.held_since > self.seconds:
+            # One message waits at most the bound too: held jobs that keep arriving never
+            # keep a delivery unacked towards the broker's consumer_timeout.
+            return None
         mine = [name for name, _ in self.rt.models.held()]
-        return residency.held_by_others(session, self.rt.owner, mine, self.seconds)
+        loads = self.rt.settings.warm_hold_loads
+        return residency.held_by_others(session, self.rt.owner, mine, self.seconds, loads)
 
     def keeps(
         self, session: Session, job: Job, chosen: uuid.UUID | None, held: ColumnElement[bool]
@@ -72,6 +81,16 @@ class Hold:
             self.seen[chosen] = free_since
             return now - free_since < SETTLE_SECONDS
         return False
+
+    def hands_over(self, session: Session, chosen: uuid.UUID, redelivered: bool) -> bool:
+        """Whether the message goes back to the queue for an idle worker that holds the
+        chosen job's model (once: never a redelivered message)."""
+        if redelivered or self.seconds <= 0 or self.rt.draining.is_set():
+            return False
+        job = session.get(Job, chosen)
+        if job is None or job.model in {name for name, _ in self.rt.models.held()}:
+            return False
+        return residency.idle_holder(session, self.rt.owner, job.model)
 
     def wait(self, session: Session, job: Job) -> None:
         """Wait a poll, holding nothing in the database."""

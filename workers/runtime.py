@@ -79,14 +79,35 @@ class WorkerRuntime(Services):
             _size_adapters(model, settings)
         # Cancel notifications (PostgreSQL's LISTEN), started by build_runtime.
         self.cancel_listener: Listener | None = None
+        self._closing = threading.Event()  # stops the held models' renewal
 
     def close(self) -> None:
         if self.cancel_listener is not None:
             self.cancel_listener.stop()
-        self.models.listener = None
         if self.opened("db"):
-            self.say_held([])
+            self.hold_nothing()
         super().close()
+
+    def hold_nothing(self) -> None:
+        """At the end: the other workers hold nothing for this one any more."""
+        self._closing.set()
+        self.models.listener = None
+        self.say_held([])
+
+    def say_alive(self) -> None:
+        """Renew this process's `held_models` rows every ALIVE_SECONDS until it closes:
+        an idle worker is handed the messages of its models' jobs only while it is seen
+        (app/jobs/residency.py)."""
+
+        def renew() -> None:
+            while not self._closing.wait(residency.ALIVE_SECONDS):
+                try:
+                    with self.db.session() as session:
+                        residency.seen(session, self.owner)
+                except SQLAlchemyError as exc:
+                    log.warning("could not renew the models held here: %s", exc)
+
+        threading.Thread(target=renew, name="held-models", daemon=True).start()
 
     def say_held(self, names: list[str]) -> None:
         """Write down the models this process holds, for the other workers' hold
@@ -94,7 +115,9 @@ class WorkerRuntime(Services):
         costs a hold until the next change."""
         try:
             with self.db.session() as session:
-                residency.record(session, self.owner, names)
+                residency.record(
+                    session, self.owner, {name: self.models.load_seconds(name) for name in names}
+                )
         except SQLAlchemyError as exc:
             log.warning("could not write down the models held here: %s", exc)
 
@@ -303,6 +326,7 @@ def build_runtime(parent: Services, queues: list[str]) -> WorkerRuntime:
 
     models.listener = runtime.say_held
     runtime.say_held(list(models))
+    runtime.say_alive()
 
     def record_digests(session) -> None:
         for name, digest in digests.items():

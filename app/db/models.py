@@ -323,15 +323,20 @@ class ModelPause(Base):
 
 class HeldModel(Base):
     """A model a worker process holds loaded, as it last said (workers/models.py): a free
-    worker leaves a cold job for a while to a busy one that holds its model
-    (app/jobs/residency.py). Written when a worker's loaded set changes; removed when it
-    stops. A crashed worker's rows say nothing once it runs no job with a live lease."""
+    worker leaves a cold job to the worker that holds its model, waiting for a busy one
+    or handing the message over to an idle one (app/jobs/residency.py). Written when a
+    worker's loaded set changes, its `seen_at` renewed every few seconds while the
+    process lives; removed when it stops."""
 
     __tablename__ = "held_models"
 
     owner: Mapped[str] = mapped_column(String(200), primary_key=True)  # jobs.lease_owner
     model: Mapped[str] = mapped_column(String(100), primary_key=True, index=True)
     loaded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Seconds its load and warm-up took on this worker (None: not measured here): a cold
+    # job waits for this worker at most HOLD_LOADS times that.
+    load_seconds: Mapped[float | None] = mapped_column(Float)
 
 
 class AuthFailure(Base):

@@ -106,6 +106,9 @@ class ClaimKind(StrEnum):
     BUSY = "busy"  # running under another delivery that is still alive
     EXHAUSTED = "exhausted"  # the attempt cap is reached: dead-letter it
     EXPIRED = "expired"  # its deadline passed before it started: canceled, never run
+    # Not claimed: an idle worker holds the chosen job's model, and the message goes back
+    # to the queue for it (workers/hold.py); nothing was written.
+    ELSEWHERE = "elsewhere"
 
 
 @dataclass(frozen=True)

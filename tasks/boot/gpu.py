@@ -165,7 +165,7 @@ def release(**_kwargs) -> None:
             # Jobs already acked are recorded before the process goes (or, past this, the
             # relay requeues them when their leases expire).
             _runtime.postprocessor.close(timeout=_runtime.settings.shutdown_grace)
-        _runtime.say_held([])  # the other workers hold nothing for this one now
+        _runtime.hold_nothing()
         _runtime.db.dispose()
 
 

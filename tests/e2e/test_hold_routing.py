@@ -2,8 +2,9 @@
 of their own weights, each holding one model at a time (DIFFQ_WORKER_MAX_MODELS=1). While
 worker W1 runs a long `hold-x` job, worker W2 (holding `hold-y`) receives the message of
 a new `hold-x` job: it waits instead of loading `hold-x`, and the job runs on W1, the
-worker that holds its model, once W1 is free. Through the API, RabbitMQ, PostgreSQL and
-S3, with the workers' own registry of what they hold."""
+worker that holds its model, once W1 is free. With both idle, every `hold-x` job runs on
+W1: a message RabbitMQ gives W2 goes back to the queue, and on to W1. Through the API,
+RabbitMQ, PostgreSQL and S3, with the workers' own registry of what they hold."""
 
 from __future__ import annotations
 
@@ -50,7 +51,14 @@ def pool(stack, tmp_path_factory):
         + MODEL.format(name="hold-x", path=stack.tiny_model, queue=QUEUE)
         + MODEL.format(name="hold-y", path=other, queue=QUEUE)
     )
-    env = {**stack.env, "DIFFQ_MODELS_FILE": str(models), "DIFFQ_WORKER_MAX_MODELS": "1"}
+    # The tiny model loads in under a second, so its jobs would be held under two: the
+    # bound is the 20 s here, time enough for the steps below on a slow machine.
+    env = {
+        **stack.env,
+        "DIFFQ_MODELS_FILE": str(models),
+        "DIFFQ_WORKER_MAX_MODELS": "1",
+        "DIFFQ_WARM_HOLD_LOADS": "1000",
+    }
     api = ApiServer(env, stack.logs, name="api-hold").start()
     workers = []
     try:
@@ -96,8 +104,16 @@ def test_a_free_worker_leaves_a_job_to_the_busy_worker_that_holds_its_model(pool
     assert [j["status"] for j in done] == ["succeeded", "succeeded"]
     # The first ran where its model was loaded, on W1's next message, not on W2's.
     assert claimed_by(first["id"]) is w1, (w1.name, w2.name)
-    held_loads = w2.count(r"model hold-x loaded") - loads_before
-    print(
-        f"hold-x job ran on {claimed_by(first['id']).name} (holder {w1.name}); the second on "
-        f"{claimed_by(second['id']).name}; hold-x loads by {w2.name} meanwhile: {held_loads}"
-    )
+    # The second waited for W1 too; once W1 was idle its message went back, to W1.
+    assert claimed_by(second["id"]) is w1
+    assert w2.count(r"model hold-x loaded") == loads_before  # W2 never loaded hold-x
+    # Both idle now: one job after another, each runs on W1, whichever worker RabbitMQ
+    # gives its message to (a message handed back reaches the consumer free the longest).
+    handed_before = w2.count(r": to the idle worker that holds its model")
+    for n in range(4):
+        job = submit(url, tenant_key, model="hold-x", prompt=f"idle{n}", steps=2)
+        assert wait_terminal(url, tenant_key, job["id"], timeout=60)["status"] == "succeeded"
+        assert claimed_by(job["id"]) is w1, n
+    assert w2.count(r"model hold-x loaded") == loads_before
+    handed = w2.count(r": to the idle worker that holds its model") - handed_before
+    print(f"all hold-x jobs ran on the holder; messages {w2.name} handed back when idle: {handed}")

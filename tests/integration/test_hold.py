@@ -55,6 +55,7 @@ class _Worker(SimpleNamespace):
             fair_share=True,
             fair_share_window=600.0,
             warm_hold_seconds=bound,
+            warm_hold_loads=residency.HOLD_LOADS,
         )
         super().__init__(
             owner=owner,
@@ -80,7 +81,7 @@ class _Pool:
         with database.session() as session:
             self.tenant = get_or_create_tenant(session, f"hold-{uuid.uuid4().hex[:8]}").id
             running = self.queued(session, self.x)
-            residency.record(session, self.busy, [self.x])
+            residency.record(session, self.busy, {self.x: None})
         with database.session() as session:
             claim = transitions.claim_job(
                 session,
@@ -111,9 +112,11 @@ class _Pool:
         with self.db.session() as session:
             return self.queued(session, model, age)
 
-    def claim(self, worker: _Worker, message: uuid.UUID) -> transitions.Claim:
+    def claim(
+        self, worker: _Worker, message: uuid.UUID, redelivered: bool = False
+    ) -> transitions.Claim:
         with self.db.session() as session:
-            return claim_for_message(worker, session, message, redelivered=False)
+            return claim_for_message(worker, session, message, redelivered=redelivered)
 
     def worker(self, owner: str, holds: str, bound: float = BOUND) -> _Worker:
         return _Worker(owner, tuple(getattr(self, name) for name in holds), bound)
@@ -185,9 +188,10 @@ def test_a_message_whose_only_job_is_held_waits_until_the_bound_then_claims_it(d
     print(f"held {waited:.2f} s for a hold with {left} s to run; metric {held:.2f} s")
 
 
-def test_a_held_message_claims_once_the_holder_is_idle_and_stayed_idle(database, monkeypatch):
+def test_a_held_message_goes_back_once_the_holder_is_idle_and_stayed_idle(database, monkeypatch):
     """The holder finishes while the free worker's message waits; the job is left
-    SETTLE_SECONDS (the holder's own next message could start it), then claimed."""
+    SETTLE_SECONDS (the holder's own next message could start it), then its message goes
+    back to the queue for the idle holder."""
     pool = _Pool(database)
     cold = pool.add(pool.x)
     waiting = threading.Event()
@@ -210,5 +214,60 @@ def test_a_held_message_claims_once_the_holder_is_idle_and_stayed_idle(database,
     pool.set_running(status=JobStatus.SUCCEEDED, lease_owner=None, lease_expires_at=None)
     claimer.join(60)
     assert not claimer.is_alive(), "the claim still waits with its holder idle"
-    assert result["claim"].job.id == cold and result["claim"].job.lease_owner == "free"
+    assert result["claim"].kind == transitions.ClaimKind.ELSEWHERE
     assert time.monotonic() - freed >= hold.SETTLE_SECONDS - 0.1
+    with database.session() as session:
+        assert session.get(Job, cold).status == JobStatus.QUEUED  # nothing written
+
+
+def test_one_message_waits_at_most_the_bound_in_all(database):
+    """Held jobs that keep arriving never keep one delivery waiting past the bound."""
+    pool = _Pool(database)
+    waiting = hold.Hold(pool.worker("free", "y"))
+    with database.session() as session:
+        assert waiting.condition(session) is not None
+        waiting.held_since = time.monotonic() - BOUND - 0.1
+        assert waiting.condition(session) is None
+        waiting.held_since = time.monotonic() - BOUND + 5
+        assert waiting.condition(session) is not None
+
+
+def test_a_message_goes_back_once_to_an_idle_holder_seen_lately(database):
+    """An idle worker holds the chosen job's model: the message goes back to the queue
+    (ELSEWHERE) for it, once; redelivered, or with the holder unseen for LIVE_SECONDS,
+    or with the hold off, or to a worker that holds the model itself, it is claimed."""
+    pool = _Pool(database)
+    pool.set_running(status=JobStatus.SUCCEEDED, lease_owner=None, lease_expires_at=None)
+    cold = pool.add(pool.x)
+    free = pool.worker("free", "y")
+    assert pool.claim(free, cold).kind == transitions.ClaimKind.ELSEWHERE
+    again = pool.claim(free, cold, redelivered=True)  # it came back here: claimed
+    assert again.kind == transitions.ClaimKind.CLAIMED and again.job.id == cold
+    off = pool.claim(pool.worker("off", "y", bound=0.0), pool.add(pool.x))
+    assert off.kind == transitions.ClaimKind.CLAIMED
+    assert pool.claim(pool.worker("warm", "xy"), pool.add(pool.x)).job.lease_owner == "warm"
+    with database.session() as session:  # the holder was last seen long ago: gone
+        session.execute(
+            update(HeldModel)
+            .where(HeldModel.owner == pool.busy)
+            .values(seen_at=utcnow() - timedelta(seconds=residency.LIVE_SECONDS + 1))
+        )
+    late = pool.claim(free, pool.add(pool.x))
+    assert late.kind == transitions.ClaimKind.CLAIMED and late.job.lease_owner == "free"
+    with database.session() as session:  # alive again: its renewal
+        residency.seen(session, pool.busy)
+    assert pool.claim(free, pool.add(pool.x)).kind == transitions.ClaimKind.ELSEWHERE
+
+
+def test_a_job_is_held_at_most_twice_what_its_model_took_to_load_there(database):
+    """A holder that loaded its model in 1 s is waited for 2 s (DIFFQ_WARM_HOLD_LOADS=2),
+    not 20."""
+    pool = _Pool(database)
+    with database.session() as session:
+        residency.record(session, pool.busy, {pool.x: 1.0})
+    free = pool.worker("free", "y")
+    assert pool.held(free, pool.add(pool.x, age=1.5))
+    assert not pool.held(free, pool.add(pool.x, age=2.5))
+    with database.session() as session:
+        bounds = residency.bounds(session, "free", [pool.y], BOUND)
+    assert bounds[pool.x] == residency.HOLD_LOADS * 1.0
