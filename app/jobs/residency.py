@@ -27,6 +27,7 @@ from app.jobs.states import JobStatus
 # How often a worker says it is alive, and how long after that it counts as gone.
 ALIVE_SECONDS = 10.0
 LIVE_SECONDS = 30.0
+GONE_SECONDS = 86400.0  # rows unseen this long are removed by the next worker's record
 
 
 # By default a cold job waits for a busy holder at most this many times the seconds its
@@ -37,9 +38,13 @@ HOLD_LOADS = 2.0
 
 def record(session: Session, owner: str, models: Mapping[str, float | None]) -> None:
     """The models `owner` holds loaded now, each with the seconds its load took there
-    (replacing what it said before)."""
-    session.execute(delete(HeldModel).where(HeldModel.owner == owner))
+    (replacing what it said before). Rows of workers unseen for a day (they ended without
+    removing theirs: killed, or their host lost) go too."""
     now, seen_at = utcnow(), clock.now(session)
+    gone = seen_at - timedelta(seconds=GONE_SECONDS)
+    session.execute(
+        delete(HeldModel).where(or_(HeldModel.owner == owner, HeldModel.seen_at < gone))
+    )
     session.add_all(
         HeldModel(owner=owner, model=name, loaded_at=now, seen_at=seen_at, load_seconds=seconds)
         for name, seconds in models.items()

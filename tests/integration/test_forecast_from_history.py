@@ -18,21 +18,6 @@ from app.jobs.states import JobStatus
 pytestmark = pytest.mark.services
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
-def database(request, tmp_path):
-    if request.param == "postgresql":
-        yield request.getfixturevalue("db")
-        return
-    from app.db.migrate import upgrade
-    from app.db.session import Database
-
-    url = f"sqlite:///{tmp_path / 'forecast.sqlite3'}"
-    upgrade(url)
-    database = Database(url)
-    yield database
-    database.dispose()
-
-
 def _jobs(session, tenant_id, queue: str, minute: int, count: int, **fields) -> None:
     """`count` jobs created in epoch `minute` (their ids say so, as app/ids.py makes them)."""
     for i in range(count):

@@ -30,21 +30,6 @@ pytestmark = pytest.mark.services
 BOUND = 20.0
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
-def database(request, tmp_path):
-    if request.param == "postgresql":
-        yield request.getfixturevalue("db")
-        return
-    from app.db.migrate import upgrade
-    from app.db.session import Database
-
-    url = f"sqlite:///{tmp_path / 'hold.sqlite3'}"
-    upgrade(url)
-    database = Database(url)
-    yield database
-    database.dispose()
-
-
 class _Worker(SimpleNamespace):
     """What the claim reads of a worker runtime: `holds` are its loaded models."""
 
@@ -170,6 +155,14 @@ def test_no_hold_for_an_idle_or_lost_holder_a_job_past_the_bound_or_a_warm_worke
         residency.forget(session, pool.busy)
     with database.session() as session:
         assert session.scalars(select(HeldModel).where(HeldModel.owner == pool.busy)).all() == []
+        # A worker killed a day ago left its rows: the next record removes them.
+        gone = f"gone-{uuid.uuid4().hex[:6]}"
+        old = utcnow() - timedelta(seconds=residency.GONE_SECONDS + 60)
+        session.add(HeldModel(owner=gone, model=pool.x, loaded_at=old, seen_at=old))
+    with database.session() as session:
+        residency.record(session, pool.busy, {pool.x: None})
+    with database.session() as session:
+        assert session.get(HeldModel, (gone, pool.x)) is None
 
 
 def test_a_message_whose_only_job_is_held_waits_until_the_bound_then_claims_it(database):
