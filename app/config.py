@@ -124,8 +124,6 @@ class Settings:
     # The hold (docs/fair-share.md): seconds after it was queued that a job whose model
     # this worker does not hold is left to a busy worker that holds it (0: no hold).
     warm_hold_seconds: float
-    # ... and at most this many times what the model's load took on the holder.
-    warm_hold_loads: float
     # Loaded pipelines a worker process holds at most (LRU; 0: no bound in count), and the
     # bytes their weights may take on its device (0: on a GPU, 70 % of its memory; on the
     # CPU, no bound). The served models that fit are loaded at start, others when needed.
@@ -355,7 +353,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         adapter_slots=_int(env, "DIFFQ_ADAPTER_SLOTS", 16),
         warm_max_skips=_int(env, "DIFFQ_WARM_MAX_SKIPS", 8),
         warm_hold_seconds=_float(env, "DIFFQ_WARM_HOLD_SECONDS", 20.0),
-        warm_hold_loads=_float(env, "DIFFQ_WARM_HOLD_LOADS", 2.0),
         worker_max_models=_int(env, "DIFFQ_WORKER_MAX_MODELS", 0),
         worker_controlnets=_int(env, "DIFFQ_WORKER_CONTROLNETS", 4),
         worker_model_bytes=_int(env, "DIFFQ_WORKER_MODEL_BYTES", 0),

@@ -4,10 +4,8 @@ on the same arrivals, in one run.
 
     .venv/bin/python -m bench.hold [--jobs 240] [--interval 0.4] [--hold 20] [--seed 7]
 
-Three variants on the same arrivals: no hold (DIFFQ_WARM_HOLD_SECONDS=0, the baseline),
-the hold bounded by `--hold` seconds alone, and the default hold, bounded also by twice
-what the model's load took on its holder (DIFFQ_WARM_HOLD_LOADS=2; the tiny model loads
-in under a second on the CPU, so this bound is the one that binds here).
+Two variants on the same arrivals: no hold (DIFFQ_WARM_HOLD_SECONDS=0, the baseline:
+today's warm routing, LRU unloading) and the hold (`--hold` seconds).
 
 Two CPU workers on one queue serving 6 tiny models (distinct weights), each holding 2
 loaded at a time (DIFFQ_WORKER_MAX_MODELS=2), as on the residency simulation
@@ -61,14 +59,13 @@ def workload(jobs: int, interval: float, seed: int) -> list[tuple[float, int]]:
     return drawn
 
 
-def _run(hold: float, loads: float, draws: list, models_dir: Path) -> dict:
+def _run(hold: float, draws: list, models_dir: Path) -> dict:
     from kombu import Connection
 
     from app.broker.topology import declare_topology
 
     env = {
         "DIFFQ_WARM_HOLD_SECONDS": str(hold),
-        "DIFFQ_WARM_HOLD_LOADS": str(loads),
         "DIFFQ_WORKER_MAX_MODELS": "2",
         "DIFFQ_PROGRESS_INTERVAL": "0.5",
     }
@@ -110,9 +107,7 @@ def _run(hold: float, loads: float, draws: list, models_dir: Path) -> dict:
             handed = sum(w.count(r": to the idle worker that holds its model") for w in workers)
             all_waits = [w for _, w in waits]
             return {
-                "hold": "none"
-                if hold <= 0
-                else f"{hold:g} s" + (f", {loads:g} loads" if loads < 1000 else ""),
+                "hold": "none" if hold <= 0 else f"{hold:g} s",
                 "loads/100 jobs": 100 * loads / len(draws),
                 "claims that waited": held,
                 "handed back": handed,
@@ -143,8 +138,7 @@ def main() -> None:
         models_dir = Path(tmp)
         for seed, name in enumerate(MODELS):
             build_tiny_model(models_dir / name, seed=seed)
-        variants = ((0.0, 2.0), (args.hold, 1e9), (args.hold, 2.0))
-        rows = [_run(hold, loads, draws, models_dir) for hold, loads in variants]
+        rows = [_run(hold, draws, models_dir) for hold in (0.0, args.hold)]
     base = rows[0]
     for row in rows:
         for name, column in {

@@ -61,8 +61,7 @@ class Hold:
             # keep a delivery unacked towards the broker's consumer_timeout.
             return None
         mine = [name for name, _ in self.rt.models.held()]
-        loads = self.rt.settings.warm_hold_loads
-        return residency.held_by_others(session, self.rt.owner, mine, self.seconds, loads)
+        return residency.held_by_others(session, self.rt.owner, mine, self.seconds)
 
     def keeps(
         self, session: Session, job: Job, chosen: uuid.UUID | None, held: ColumnElement[bool]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import replace
@@ -46,7 +45,6 @@ class ModelCache(MutableMapping[str, LoadedModel]):
         self._load = load
         self._estimate = estimate or (lambda _spec: 0)
         self._sizes: dict[tuple, int] = {}  # weights -> bytes measured when last loaded
-        self._seconds: dict[tuple, float] = {}  # weights -> seconds its last load took
         self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()
         self._lock = threading.RLock()
         self.loads = 0
@@ -108,9 +106,7 @@ class ModelCache(MutableMapping[str, LoadedModel]):
                 self._publish()
                 return self._loaded[name]
             self._make_room(spec)
-            began = time.monotonic()
             model = self._load(spec)
-            self._seconds[weights_of(spec)] = time.monotonic() - began
             self.loads += 1
             self._sizes[weights_of(spec)] = model.bytes
             self._loaded[name] = model
@@ -135,12 +131,6 @@ class ModelCache(MutableMapping[str, LoadedModel]):
     def bytes(self) -> int:
         """Bytes of the loaded weights (each pipeline once)."""
         return sum({id(m.pipeline): m.bytes for m in self._loaded.values()}.values())
-
-    def load_seconds(self, name: str) -> float | None:
-        """Seconds the model's last load here took, warm-up included (None: not loaded
-        here)."""
-        spec = self.served.get(name)
-        return self._seconds.get(weights_of(spec)) if spec is not None else None
 
     def size_of(self, spec: ModelSpec) -> int:
         """The model's bytes: as measured when last loaded here, else estimated."""

@@ -115,9 +115,7 @@ class WorkerRuntime(Services):
         costs a hold until the next change."""
         try:
             with self.db.session() as session:
-                residency.record(
-                    session, self.owner, {name: self.models.load_seconds(name) for name in names}
-                )
+                residency.record(session, self.owner, names)
         except SQLAlchemyError as exc:
             log.warning("could not write down the models held here: %s", exc)
 

@@ -334,9 +334,6 @@ class HeldModel(Base):
     model: Mapped[str] = mapped_column(String(100), primary_key=True, index=True)
     loaded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    # Seconds its load and warm-up took on this worker (None: not measured here): a cold
-    # job waits for this worker at most HOLD_LOADS times that.
-    load_seconds: Mapped[float | None] = mapped_column(Float)
 
 
 class AuthFailure(Base):

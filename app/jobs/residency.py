@@ -13,7 +13,7 @@ seen within LIVE_SECONDS.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import timedelta
 
 from sqlalchemy import ColumnElement, and_, delete, exists, func, not_, or_, select, update
@@ -30,24 +30,17 @@ LIVE_SECONDS = 30.0
 GONE_SECONDS = 86400.0  # rows unseen this long are removed by the next worker's record
 
 
-# By default a cold job waits for a busy holder at most this many times the seconds its
-# model's load took there (DIFFQ_WARM_HOLD_LOADS): loading a second copy costs a load
-# now and, as it unloads another model, about one more later.
-HOLD_LOADS = 2.0
-
-
-def record(session: Session, owner: str, models: Mapping[str, float | None]) -> None:
-    """The models `owner` holds loaded now, each with the seconds its load took there
-    (replacing what it said before). Rows of workers unseen for a day (they ended without
-    removing theirs: killed, or their host lost) go too."""
+def record(session: Session, owner: str, models: Iterable[str]) -> None:
+    """The models `owner` holds loaded now (replacing what it said before). Rows of
+    workers unseen for a day (they ended without removing theirs: killed, or their host
+    lost) go too."""
     now, seen_at = utcnow(), clock.now(session)
     gone = seen_at - timedelta(seconds=GONE_SECONDS)
     session.execute(
         delete(HeldModel).where(or_(HeldModel.owner == owner, HeldModel.seen_at < gone))
     )
     session.add_all(
-        HeldModel(owner=owner, model=name, loaded_at=now, seen_at=seen_at, load_seconds=seconds)
-        for name, seconds in models.items()
+        HeldModel(owner=owner, model=name, loaded_at=now, seen_at=seen_at) for name in set(models)
     )
 
 
@@ -62,34 +55,27 @@ def forget(session: Session, owner: str) -> None:
     session.execute(delete(HeldModel).where(HeldModel.owner == owner))
 
 
-def bounds(
-    session: Session, owner: str, mine: Iterable[str], seconds: float, loads: float = HOLD_LOADS
-) -> dict:
-    """Model -> seconds its jobs may be held: `seconds`, or `loads` times the longest load
-    of it that another worker measured, whichever is less."""
-    rows = session.execute(
-        select(HeldModel.model, func.max(HeldModel.load_seconds))
-        .where(HeldModel.owner != owner, HeldModel.model.not_in(list(mine)))
-        .group_by(HeldModel.model)
+def held_elsewhere(session: Session, owner: str, mine: Iterable[str]) -> list[str]:
+    """The models another worker says it holds and this one (holding `mine`) does not."""
+    return list(
+        session.scalars(
+            select(HeldModel.model)
+            .where(HeldModel.owner != owner, HeldModel.model.not_in(list(mine)))
+            .distinct()
+        )
     )
-    return {
-        model: seconds if load is None else min(seconds, loads * float(load))
-        for model, load in rows
-    }
 
 
-def held_by_others(
-    session: Session, owner: str, mine: Iterable[str], seconds: float, loads: float = HOLD_LOADS
-):
-    """SQL for the jobs held for another worker: of a model this worker (`owner`, holding
-    `mine`) does not hold and another worker holds while it runs a job with a live
-    lease, queued less than the model's bound ago (`bounds`). None: nothing to hold.
-    Times are compared on the clock they were written on, the database's
-    (app/db/clock.py)."""
+def held_by_others(session: Session, owner: str, mine: Iterable[str], seconds: float):
+    """SQL for the jobs held for another worker: queued less than `seconds` ago, of a
+    model this worker (`owner`, holding `mine`) does not hold and another worker holds
+    while it runs a job with a live lease. None: nothing to hold (the hold is off, or
+    no other worker holds a model this one lacks). Times are compared on the clock they
+    were written on, the database's (app/db/clock.py)."""
     if seconds <= 0:
         return None
-    held = bounds(session, owner, mine, seconds, loads)
-    if not held:
+    models = held_elsewhere(session, owner, mine)
+    if not models:
         return None
     now = clock.now(session)
     busy_holder = exists(
@@ -100,13 +86,7 @@ def held_by_others(
     # A message can arrive before its publish is recorded: then the job's age counts
     # from its creation.
     queued_at = func.coalesce(Job.published_at, Job.created_at)
-    recent = or_(
-        *(
-            and_(Job.model == model, queued_at > now - timedelta(seconds=bound))
-            for model, bound in held.items()
-        )
-    )
-    return and_(recent, busy_holder)
+    return and_(Job.model.in_(models), queued_at > now - timedelta(seconds=seconds), busy_holder)
 
 
 def is_held(session: Session, condition: ColumnElement[bool], job_id) -> bool:

@@ -23,7 +23,6 @@ def upgrade() -> None:
         sa.Column('model', sa.String(100), primary_key=True),
         sa.Column('loaded_at', sa.DateTime(timezone=True), nullable=False),
         sa.Column('seen_at', sa.DateTime(timezone=True), nullable=False),
-        sa.Column('load_seconds', sa.Float(), nullable=True),
     )
     op.create_index('ix_held_models_model', 'held_models', ['model'])
 

@@ -51,14 +51,7 @@ def pool(stack, tmp_path_factory):
         + MODEL.format(name="hold-x", path=stack.tiny_model, queue=QUEUE)
         + MODEL.format(name="hold-y", path=other, queue=QUEUE)
     )
-    # The tiny model loads in under a second, so its jobs would be held under two: the
-    # bound is the 20 s here, time enough for the steps below on a slow machine.
-    env = {
-        **stack.env,
-        "DIFFQ_MODELS_FILE": str(models),
-        "DIFFQ_WORKER_MAX_MODELS": "1",
-        "DIFFQ_WARM_HOLD_LOADS": "1000",
-    }
+    env = {**stack.env, "DIFFQ_MODELS_FILE": str(models), "DIFFQ_WORKER_MAX_MODELS": "1"}
     api = ApiServer(env, stack.logs, name="api-hold").start()
     workers = []
     try:

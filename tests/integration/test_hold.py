@@ -40,7 +40,6 @@ class _Worker(SimpleNamespace):
             fair_share=True,
             fair_share_window=600.0,
             warm_hold_seconds=bound,
-            warm_hold_loads=residency.HOLD_LOADS,
         )
         super().__init__(
             owner=owner,
@@ -66,7 +65,7 @@ class _Pool:
         with database.session() as session:
             self.tenant = get_or_create_tenant(session, f"hold-{uuid.uuid4().hex[:8]}").id
             running = self.queued(session, self.x)
-            residency.record(session, self.busy, {self.x: None})
+            residency.record(session, self.busy, [self.x])
         with database.session() as session:
             claim = transitions.claim_job(
                 session,
@@ -160,7 +159,7 @@ def test_no_hold_for_an_idle_or_lost_holder_a_job_past_the_bound_or_a_warm_worke
         old = utcnow() - timedelta(seconds=residency.GONE_SECONDS + 60)
         session.add(HeldModel(owner=gone, model=pool.x, loaded_at=old, seen_at=old))
     with database.session() as session:
-        residency.record(session, pool.busy, {pool.x: None})
+        residency.record(session, pool.busy, [pool.x])
     with database.session() as session:
         assert session.get(HeldModel, (gone, pool.x)) is None
 
@@ -250,17 +249,3 @@ def test_a_message_goes_back_once_to_an_idle_holder_seen_lately(database):
     with database.session() as session:  # alive again: its renewal
         residency.seen(session, pool.busy)
     assert pool.claim(free, pool.add(pool.x)).kind == transitions.ClaimKind.ELSEWHERE
-
-
-def test_a_job_is_held_at_most_twice_what_its_model_took_to_load_there(database):
-    """A holder that loaded its model in 1 s is waited for 2 s (DIFFQ_WARM_HOLD_LOADS=2),
-    not 20."""
-    pool = _Pool(database)
-    with database.session() as session:
-        residency.record(session, pool.busy, {pool.x: 1.0})
-    free = pool.worker("free", "y")
-    assert pool.held(free, pool.add(pool.x, age=1.5))
-    assert not pool.held(free, pool.add(pool.x, age=2.5))
-    with database.session() as session:
-        bounds = residency.bounds(session, "free", [pool.y], BOUND)
-    assert bounds[pool.x] == residency.HOLD_LOADS * 1.0
