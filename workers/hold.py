@@ -7,9 +7,11 @@ the queue once (`hands_over`): the broker delivers it to the next consumer with 
 the idle holder, as RabbitMQ rotates its consumers; redelivered, it is claimed wherever
 it lands.
 
-Why a hold and not a second copy: on the residency bench (docs/performance.md), a free
-worker that waits for the holder made 0.58x the model loads of starting at once, with
-shorter p50 and p99 waits, and no model's longest wait grew: a job is held at most the
+Why a hold and not a second copy: in the residency simulation (docs/performance.md) a
+free worker that waits for the holder made 0.58x the model loads of starting at once,
+with shorter waits, where loads take 6 to 15 s; on real CPU workers with the tiny model
+(loads of 0.6 s), the hold with the hand-back made 0.77x the loads, the rarest model's
+longest wait 1.46x and the p99 wait 2.7x (`bench/hold.py`). A job is held at most the
 bound after it was queued, so a cold model is never starved.
 """
 
