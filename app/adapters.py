@@ -28,7 +28,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.models import Adapter
+from app.db.models.inputs import Adapter
 from app.db.types import utcnow
 from app.refused import FieldRefused
 from app.storage import Storage

@@ -14,7 +14,7 @@ from datetime import timedelta
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
-from app.db.models import ApiKey, Tenant
+from app.db.models.tenants import ApiKey, Tenant
 from app.db.session import execute_alone
 from app.db.types import utcnow
 from app.limits import Verdict, count_request, rate_verdict, window_of

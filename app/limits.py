@@ -12,7 +12,8 @@ from sqlalchemy import bindparam, delete, func, select, text, update
 from sqlalchemy.orm import Session
 
 from app.db.enums import JobStatus
-from app.db.models import Job, RequestCount, SubmitReservation
+from app.db.models.jobs import Job
+from app.db.models.limits import RequestCount, SubmitReservation
 from app.db.session import execute_alone, relaxed_commit
 from app.db.types import utcnow
 

@@ -25,7 +25,8 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from app.db.models import Job, Upload
+from app.db.models.inputs import Upload
+from app.db.models.jobs import Job
 from app.db.types import utcnow
 from app.jobs.states import JobStatus
 from app.kinds import KINDS

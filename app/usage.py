@@ -16,7 +16,8 @@ from sqlalchemy import bindparam, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from app.db.models import DailyUsage, Tenant
+from app.db.models.limits import DailyUsage
+from app.db.models.tenants import Tenant
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ def _payloads(rt, jobs: int, size: int) -> list[dict]:
 def _succeeded(rt, payloads) -> int:
     from sqlalchemy import func, select
 
-    from app.db.models import Job
+    from app.db.models.jobs import Job
     from app.jobs.states import JobStatus
 
     ids = [uuid.UUID(p["job_id"]) for p in payloads]

@@ -373,7 +373,8 @@ def probes(db, settings, args) -> list[Probe]:
     """The measured calls, each a closure over what it needs from the table as it is."""
     from sqlalchemy import func, select
 
-    from app.db.models import Job, Tenant
+    from app.db.models.jobs import Job
+    from app.db.models.tenants import Tenant
     from app.db.types import utcnow
     from app.housekeeping import relay
     from app.housekeeping.admission import forget_windows, release_held

@@ -34,7 +34,8 @@ from testbed.stack import start_stack
 def _tenant_jobs(database_url: str, key: str) -> list:
     from sqlalchemy import select
 
-    from app.db.models import ApiKey, Job
+    from app.db.models.jobs import Job
+    from app.db.models.tenants import ApiKey
     from app.db.session import Database
     from app.keys import key_id_of
 

@@ -53,7 +53,7 @@ def _apply_tenant_options(tenant, weight, daily_gpu_seconds, no_quota) -> None:
 def _tenant(session, name: str):
     from sqlalchemy import select
 
-    from app.db.models import Tenant
+    from app.db.models.tenants import Tenant
 
     tenant = session.scalar(select(Tenant).where(Tenant.name == name))
     if tenant is None:
@@ -183,7 +183,7 @@ def webhook_secret(tenant, rotate, overlap) -> int:
     """A tenant's webhook signing secret."""
     from datetime import timedelta
 
-    from app.db.models import new_webhook_secret
+    from app.db.models.tenants import new_webhook_secret
     from app.db.types import utcnow
 
     with _db().session() as session:

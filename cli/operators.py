@@ -162,7 +162,7 @@ def requeue(ctx, job_ids, stuck, yes):
     """Queue failed jobs (or queued ones whose message was lost) again, with a fresh
     attempt budget, and publish them. Succeeded and canceled jobs are left alone."""
     from app.broker.publish import publish_and_mark
-    from app.db.models import Job
+    from app.db.models.jobs import Job
     from app.jobs import transitions
 
     try:

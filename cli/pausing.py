@@ -76,7 +76,7 @@ def listing():
     """Each model: paused or running, and its queued jobs."""
     from sqlalchemy import func, select
 
-    from app.db.models import Job
+    from app.db.models.jobs import Job
     from app.jobs import pauses
     from app.jobs.states import JobStatus
 

@@ -92,7 +92,7 @@ def queued_job(db: Database, tenant_id: uuid.UUID, spec: ModelSpec, **overrides:
 def message(job_id: uuid.UUID, tenant_id: uuid.UUID) -> dict[str, Any]:
     """The task message a worker receives for the job (as the publisher builds it)."""
     from app.broker.payload import build_payload
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     return build_payload(Job(id=job_id, tenant_id=tenant_id, input={}))
 

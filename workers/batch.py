@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import DBAPIError
 
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.metrics.instruments import BATCH_SIZE, BATCH_WAIT
 from workers import gather, run
 from workers.gather import PermitSource

@@ -51,7 +51,7 @@ from workers.manifest import package_version
 from workers.outcome import HandBack
 
 if TYPE_CHECKING:
-    from app.db.models import Job
+    from app.db.models.jobs import Job
     from workers.pipelines import LoadedModel
     from workers.runtime import WorkerRuntime
 
@@ -283,7 +283,7 @@ class JobCheckpoints:
         """An upload that ended after this run lost the job (it finished, or another run
         took it over): unless the row names a checkpoint (the other run's: it overwrites
         this one and removes it at its end), nothing would ever remove it: now."""
-        from app.db.models import Job
+        from app.db.models.jobs import Job
 
         with contextlib.suppress(Exception), self._rt.db.session() as session:
             job = session.get(Job, self._job_id)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.types import utcnow
 from app.jobs import fairness, transitions
 from app.jobs.states import ErrorCode, JobStatus

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from app.broker.payload import InvalidPayload, parse_payload
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.jobs import pauses, transitions
 from app.jobs.states import ErrorCode
 from app.kinds import job_request

@@ -20,7 +20,7 @@ from sqlalchemy import and_, false, func
 
 from app.broker.payload import InvalidPayload, parse_payload
 from app.controls import STORED_KEY
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.types import utcnow
 from app.jobs import fairness, transitions
 from app.jobs.states import JobStatus

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import ColumnElement
 from sqlalchemy.orm import Session
 
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.types import utcnow
 from app.jobs import fairness, residency
 from app.metrics.instruments import WORKER_HOLD_SECONDS

@@ -20,7 +20,7 @@ from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 from tenacity import Retrying, retry_if_exception_type, stop_before_delay, wait_exponential
 
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.jobs import transitions
 from app.jobs.states import ErrorCode
 from app.metrics.instruments import GENERATION_DURATION, JOBS_FINISHED, STEP_DURATION

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.exc import DataError, DBAPIError
 
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.jobs.states import ErrorCode
 from app.kinds import JobRequest, job_request
 from app.logs import job_context

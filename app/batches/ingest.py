@@ -35,7 +35,9 @@ from sqlalchemy.orm import Session
 
 from app.broker.bulk import BulkPublisher
 from app.broker.publish import Publisher, mark_published_soon
-from app.db.models import Batch, Job, SubmitReservation
+from app.db.models.batches import Batch
+from app.db.models.jobs import Job
+from app.db.models.limits import SubmitReservation
 from app.db.session import execute_alone, portable_json
 from app.db.types import utcnow
 from app.jobs import cache

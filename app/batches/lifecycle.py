@@ -23,7 +23,9 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from app.db import clock
-from app.db.models import Batch, BatchFile, Job, WebhookAttempt, WebhookEvent
+from app.db.models.batches import Batch, BatchFile
+from app.db.models.jobs import Job
+from app.db.models.webhooks import WebhookAttempt, WebhookEvent
 from app.db.types import utcnow
 from app.ids import uuid7
 from app.jobs import transitions

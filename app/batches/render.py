@@ -26,7 +26,8 @@ from sqlalchemy.orm import Session
 
 from app.batches.ingest import line_of
 from app.batches.lifecycle import shown_status, summary
-from app.db.models import Batch, Job
+from app.db.models.batches import Batch
+from app.db.models.jobs import Job
 from app.jobs.states import ErrorCode, JobStatus
 from app.jobs.view import image_url, job_json, job_view
 from app.storage import Storage

@@ -23,7 +23,7 @@ from app.broker.topology import work_queue
 
 if TYPE_CHECKING:
     from app.config import Settings
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
 
 @dataclass(frozen=True)

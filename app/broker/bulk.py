@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from app.broker.publish import Publisher
 from app.catalog import ModelSpec
-from app.db.models import Job
+from app.db.models.jobs import Job
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from app.db.models import Job
+from app.db.models.jobs import Job
 
 PAYLOAD_VERSION = 2
 ACCEPTED_VERSIONS = (1, 2)  # 1: {"v": 1, …, "params": {…}}, published before version 2

@@ -17,7 +17,7 @@ from app.broker.payload import DELIVER_WEBHOOK_TASK, GENERATE_TASK, build_payloa
 from app.broker.topology import WEBHOOK_QUEUE
 from app.catalog import Catalog, ModelSpec
 from app.db import clock
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.session import Database, execute_alone, relaxed_commit
 from app.db.types import utcnow
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, or_, select
 
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.session import Database
 from app.db.types import utcnow
 from app.jobs import pauses

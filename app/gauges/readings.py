@@ -15,7 +15,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import func, select
 
 from app.broker.topology import dead_letter_queue_name
-from app.db.models import DailyUsage, Job, Tenant
+from app.db.models.jobs import Job
+from app.db.models.limits import DailyUsage
+from app.db.models.tenants import Tenant
 from app.db.session import Database
 from app.db.types import utcnow
 from app.jobs import pauses

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from app.broker.publish import Publisher, publish_and_mark
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.session import Database
 from app.limits import admit_held, forget_old_windows, tenants_with_held_jobs
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from app.broker.publish import Publisher
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.session import Database
 from app.db.types import utcnow
 from app.jobs import service, transitions

@@ -7,7 +7,7 @@ import logging
 from datetime import timedelta
 
 from app.broker.publish import Publisher, publish_and_mark
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.session import Database
 from app.db.types import utcnow
 from app.jobs import service

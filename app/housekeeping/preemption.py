@@ -29,7 +29,7 @@ from datetime import timedelta
 from sqlalchemy import func, select
 
 from app.catalog import Catalog
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.session import Database
 from app.db.types import utcnow
 from app.jobs import pauses, transitions

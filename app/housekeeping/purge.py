@@ -15,7 +15,8 @@ from datetime import timedelta
 
 from sqlalchemy import delete, or_, select
 
-from app.db.models import Job, WebhookAttempt, WebhookEvent
+from app.db.models.jobs import Job
+from app.db.models.webhooks import WebhookAttempt, WebhookEvent
 from app.db.session import Database
 from app.db.types import utcnow
 from app.jobs.states import JobStatus

@@ -11,7 +11,8 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from app import uploads
-from app.db.models import Job, Upload
+from app.db.models.inputs import Upload
+from app.db.models.jobs import Job
 from app.db.session import Database
 from app.db.types import utcnow
 from app.jobs import transitions

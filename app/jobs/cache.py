@@ -19,7 +19,8 @@ import uuid
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.models import Job, ModelDigest
+from app.db.models.fleet import ModelDigest
+from app.db.models.jobs import Job
 from app.db.types import utcnow
 from app.jobs import transitions
 from app.jobs.results import RESULT_FILES

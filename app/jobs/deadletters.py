@@ -23,7 +23,7 @@ from kombu import Connection, Queue
 from app.broker.backend import Broker, Unsupported
 from app.broker.publish import Publisher, publish_and_mark
 from app.broker.topology import dead_letter_queue_name
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.session import Database
 from app.jobs import transitions
 from app.jobs.states import ErrorCode, JobStatus

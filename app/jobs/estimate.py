@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.types import utcnow
 from app.jobs.queue_info import CostModel, fit, recent_runs, time_left, work
 from app.jobs.states import JobStatus

@@ -29,7 +29,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, and_, false, func, not_, or_, select, update
 from sqlalchemy.orm import Session
 
-from app.db.models import Job, Tenant
+from app.db.models.jobs import Job
+from app.db.models.tenants import Tenant
 from app.jobs.states import JobStatus
 
 

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import and_, func, or_, select
 
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.session import Database
 from app.db.types import utcnow
 from app.jobs.states import JobStatus

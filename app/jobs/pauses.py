@@ -29,7 +29,8 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from app.catalog import Catalog
-from app.db.models import Job, ModelPause
+from app.db.models.fleet import ModelPause
+from app.db.models.jobs import Job
 from app.db.types import utcnow
 from app.jobs import transitions
 

@@ -20,7 +20,8 @@ from sqlalchemy import ColumnElement, and_, delete, exists, func, not_, or_, sel
 from sqlalchemy.orm import Session, aliased
 
 from app.db import clock
-from app.db.models import HeldModel, Job
+from app.db.models.fleet import HeldModel
+from app.db.models.jobs import Job
 from app.db.types import utcnow
 from app.jobs.states import JobStatus
 

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 from app import usage
 from app.broker.publish import Publisher, mark_published_soon
 from app.catalog import ModelSpec
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.session import execute_alone, portable_json
 from app.db.types import utcnow
 from app.ids import uuid7

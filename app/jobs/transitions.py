@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from app import usage
 from app.db import clock
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.session import relaxed_commit
 from app.db.types import utcnow
 from app.jobs import changes

@@ -17,7 +17,7 @@ from urllib.parse import urljoin
 import marshmallow as ma
 from marshmallow import fields
 
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.jobs.changes import selected
 from app.jobs.queue_info import QueueInfo
 from app.jobs.results import RESULT_FILES

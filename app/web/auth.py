@@ -10,7 +10,7 @@ from flask import g, request
 from flask_smorest import abort
 from sqlalchemy import select
 
-from app.db.models import ApiKey
+from app.db.models.tenants import ApiKey
 from app.keys import admit
 from app.web.services import request_session, services
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import delete
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.db.models import AuthFailure
+from app.db.models.limits import AuthFailure
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.db.models import UsedTicket
+from app.db.models.limits import UsedTicket
 from app.db.types import utcnow
 
 MAX_TICKET_CHARS = 512

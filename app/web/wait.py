@@ -18,7 +18,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.jobs import service
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from typing import NamedTuple
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.session import Database
 from app.jobs.listener import Listener
 from app.jobs.notify import JOB_CHANNEL, parse_job_changed

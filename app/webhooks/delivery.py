@@ -24,7 +24,10 @@ import urllib3
 from sqlalchemy import update
 
 from app.db import clock
-from app.db.models import Batch, Job, Tenant, WebhookAttempt, WebhookEvent, new_webhook_secret
+from app.db.models.batches import Batch
+from app.db.models.jobs import Job
+from app.db.models.tenants import Tenant, new_webhook_secret
+from app.db.models.webhooks import WebhookAttempt, WebhookEvent
 from app.db.session import Database
 from app.db.types import utcnow
 from app.metrics.instruments import WEBHOOK_DELIVERIES, WEBHOOK_LATENCY

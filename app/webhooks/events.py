@@ -13,7 +13,7 @@ from sqlalchemy import exists, insert, select, update
 from sqlalchemy.orm import Session
 
 from app.db import clock
-from app.db.models import WebhookEvent
+from app.db.models.webhooks import WebhookEvent
 from app.ids import uuid7
 from app.jobs.changes import JobChange, on_change, selected
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.db.models import Batch, Job
+from app.db.models.batches import Batch
+from app.db.models.jobs import Job
 from app.services import Services, resource
 from app.webhooks.delivery import DeliveryConfig
 

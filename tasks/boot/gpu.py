@@ -175,7 +175,7 @@ def record_hard_timeout(payload, exc, pid: int | None) -> None:
     been taken back since (its lease lapsed) and be running again elsewhere, or here in
     another child: that run is the job's now, and a limit on the hung one is not its."""
     from app.broker.payload import InvalidPayload, parse_payload
-    from app.db.models import Job
+    from app.db.models.jobs import Job
     from app.jobs import transitions
     from app.jobs.states import ErrorCode, JobStatus
 

@@ -225,7 +225,7 @@ def _finished_job(db, seconds: float, **params) -> None:
     """A succeeded job of the fresh model, as a worker would have left it."""
     from datetime import timedelta
 
-    from app.db.models import Job
+    from app.db.models.jobs import Job
     from app.db.types import utcnow
     from app.jobs import service
     from app.jobs.states import JobStatus, Priority
@@ -311,7 +311,7 @@ def _current_job_id_of(page, prompt: str) -> str:
 def _worker_idle(db) -> None:
     from sqlalchemy import func, select
 
-    from app.db.models import Job
+    from app.db.models.jobs import Job
     from app.jobs.states import JobStatus
     from testbed.waiting import wait_until
 

@@ -30,7 +30,8 @@ def upload(api_server, key: str, data: bytes, *, filename="style.safetensors", *
 
 
 def _counts(db) -> tuple[int, int]:
-    from app.db.models import Adapter, Job
+    from app.db.models.inputs import Adapter
+    from app.db.models.jobs import Job
 
     with db.session() as session:
         jobs = session.scalar(select(func.count()).select_from(Job))
@@ -77,7 +78,7 @@ def test_an_adapter_is_the_tenants_own_listed_and_deletable(api_server, tenant_k
 def test_an_adapter_job_runs_through_the_whole_path_and_leaves_nothing_behind(
     api_server, worker, tenant_key, db
 ):
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     adapter = upload(api_server, tenant_key, build_tiny_lora(22), model="tiny").json()
     shape = {"prompt": "a lighthouse", "seed": 5, "steps": 2, "cache": False}

@@ -78,7 +78,8 @@ def test_a_version_1_message_from_before_an_upgrade_runs_its_job_from_the_row(
     workers are upgraded runs the job as its row says, whatever its params say."""
     from sqlalchemy import select
 
-    from app.db.models import ApiKey, Job
+    from app.db.models.jobs import Job
+    from app.db.models.tenants import ApiKey
     from app.db.types import utcnow
     from app.jobs.service import create_job
     from app.jobs.states import JobStatus, Priority

@@ -41,7 +41,8 @@ def _pixels(url: str) -> bytes:
 
 
 def _counts(db) -> tuple[int, int]:
-    from app.db.models import Job, Upload
+    from app.db.models.inputs import Upload
+    from app.db.models.jobs import Job
 
     with db.session() as session:
         jobs = session.scalar(select(func.count()).select_from(Job))

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.services
 
 
 def _job_row(db, job_id):
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     with db.session() as session:
         return session.get(Job, uuid.UUID(job_id))
@@ -117,7 +117,7 @@ def test_a_job_whose_publish_failed_is_published_by_the_relay(
 
 
 def _key_of(db, tenant_id) -> str:
-    from app.db.models import Tenant
+    from app.db.models.tenants import Tenant
     from app.keys import create_key
 
     with db.session() as session:

@@ -95,7 +95,7 @@ def test_every_result_says_what_it_cost_and_usage_adds_it_up(api_server, worker,
 def test_a_tenant_over_its_daily_gpu_quota_gets_a_429_until_midnight(
     api_server, worker, tenant_key, db
 ):
-    from app.db.models import ApiKey, Tenant
+    from app.db.models.tenants import ApiKey, Tenant
     from app.keys import key_id_of
 
     job = submit(api_server.url, tenant_key, prompt="spend", steps=2)

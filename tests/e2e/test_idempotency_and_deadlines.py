@@ -24,7 +24,7 @@ def post(api_server, key, body, idempotency_key=None) -> requests.Response:
 
 
 def rows_with_key(db, key: str) -> int:
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     with db.session() as session:
         return session.scalar(

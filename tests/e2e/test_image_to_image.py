@@ -50,7 +50,8 @@ def upload(api_server, key: str, data: bytes, *, raw: bool = False) -> requests.
 
 
 def _counts(db) -> tuple[int, int]:
-    from app.db.models import Job, Upload
+    from app.db.models.inputs import Upload
+    from app.db.models.jobs import Job
 
     with db.session() as session:
         jobs = session.scalar(select(func.count()).select_from(Job))
@@ -188,7 +189,7 @@ def test_bad_inputs_are_a_4xx_naming_the_field_and_nothing_is_queued(
     theirs = upload(api_server, other_key, _png(_picture(4))).json()["id"]
     before = _counts(db)
     with db.session() as session:
-        from app.db.models import Upload
+        from app.db.models.inputs import Upload
 
         mine_expiry = session.get(Upload, uuid.UUID(mine)).expires_at
     bodies = {
@@ -236,7 +237,7 @@ def test_bad_inputs_are_a_4xx_naming_the_field_and_nothing_is_queued(
     # No job stored, none queued, and no input stored or held for a refused request.
     assert _counts(db) == before
     with db.session() as session:
-        from app.db.models import Upload
+        from app.db.models.inputs import Upload
 
         kept = session.get(Upload, uuid.UUID(mine)).expires_at
     assert kept == mine_expiry, "a refused request held the upload it named"
@@ -245,7 +246,7 @@ def test_bad_inputs_are_a_4xx_naming_the_field_and_nothing_is_queued(
 def test_an_expired_upload_names_nothing(api_server, tenant_key, db):
     from datetime import timedelta
 
-    from app.db.models import Upload
+    from app.db.models.inputs import Upload
     from app.db.types import utcnow
 
     made = upload(api_server, tenant_key, _png(_picture(5))).json()

@@ -25,7 +25,8 @@ def _count(db, model, column, ids) -> int:
 def test_the_relay_purges_finished_jobs_and_their_webhook_rows(
     api_server, worker, tenant_key, db, stack
 ):
-    from app.db.models import Job, WebhookAttempt, WebhookEvent
+    from app.db.models.jobs import Job
+    from app.db.models.webhooks import WebhookAttempt, WebhookEvent
 
     hook = "https://hooks.example.com/in"  # public; nothing delivers it in this stack
     done = [

@@ -146,7 +146,7 @@ def test_a_database_dump_holds_no_usable_key(stack, db):
 def test_a_tenant_has_at_most_its_cap_of_jobs_in_flight(limited, tenant_key, db):
     """Jobs over the cap wait in PostgreSQL, unpublished; the relay lets the next one
     through as soon as one in flight ends."""
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     def post(i):
         body = {"prompt": f"held-{i}", "model": "tiny-b"}  # no worker: nothing finishes

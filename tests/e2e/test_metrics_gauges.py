@@ -122,7 +122,7 @@ def test_queue_depth_and_the_oldest_jobs_age(gauges_api, tenant_key):
 def _tiny_idle(db) -> None:
     from sqlalchemy import func, select
 
-    from app.db.models import Job
+    from app.db.models.jobs import Job
     from app.jobs.states import JobStatus
 
     def idle() -> bool:

@@ -195,7 +195,7 @@ def _purge_all(ops: Ops) -> None:
 
 
 def test_dead_letters_listed_requeued_and_purged_with_celery_and_diffq(ops, tenant_key, db):
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     first, second = _dead_lettered(ops, tenant_key, 2)
 

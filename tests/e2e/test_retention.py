@@ -60,7 +60,7 @@ def test_an_input_image_stays_while_a_job_needs_it_and_goes_after(
     from PIL import Image
 
     from app.config import load_settings
-    from app.db.models import Upload
+    from app.db.models.inputs import Upload
     from app.db.types import utcnow
     from app.housekeeping.retention import remove_expired_results, remove_unused_inputs
     from app.storage import open_storage

@@ -104,7 +104,7 @@ def test_a_wait_that_is_no_number_is_a_422_naming_prefer_and_stores_nothing(
 def _worker_idle(db) -> None:
     from sqlalchemy import func, select
 
-    from app.db.models import Job
+    from app.db.models.jobs import Job
     from app.jobs.states import JobStatus
 
     def idle() -> bool:

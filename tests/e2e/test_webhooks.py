@@ -82,7 +82,7 @@ LONGER = {"width": 256, "height": 192}
 def _secret(db, key: str) -> str:
     from sqlalchemy import select
 
-    from app.db.models import ApiKey
+    from app.db.models.tenants import ApiKey
 
     key_id = key.split("_")[1]
     with db.session() as session:
@@ -291,7 +291,7 @@ def test_a_delivery_the_policy_refuses_fails_at_once(hooks, receiver, tenant_key
     starts resolving to a private address): one attempt, failed, no retries, counted."""
     from sqlalchemy import update
 
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     before = _outcomes(hooks)
     job = submit(hooks.url, tenant_key, prompt="refused", steps=2, webhook=f"{receiver.url}/ok")

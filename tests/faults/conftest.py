@@ -317,7 +317,7 @@ def quiet_queue(fault_stack) -> None:
     """Each scenario starts on an idle stack, so one's backlog never skews the next."""
     from sqlalchemy import func, select
 
-    from app.db.models import Job
+    from app.db.models.jobs import Job
     from app.jobs.states import JobStatus
 
     fault_stack.ensure_workers()

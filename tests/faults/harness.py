@@ -133,7 +133,7 @@ class Scenario:
             return job_id
 
     def rows(self, job_ids=None) -> dict[str, object]:
-        from app.db.models import Job
+        from app.db.models.jobs import Job
 
         ids = [uuid.UUID(j) for j in (job_ids or self.accepted)]
         with self.stack.db.session() as session:
@@ -171,7 +171,7 @@ class Scenario:
 
     def terminal_events(self) -> Counter:
         """Terminal state changes per job, as PostgreSQL recorded them."""
-        from app.db.models import WebhookEvent
+        from app.db.models.webhooks import WebhookEvent
 
         ids = [uuid.UUID(j) for j in self.accepted]
         with self.stack.db.session() as session:

@@ -141,7 +141,7 @@ def _submit(api_url: str, key: str, idem: str, attempts: Attempts, webhook: str)
 
 
 def test_n6_api_cut_from_postgres_stores_nothing_by_half(fault_stack, remote_api):
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     key = fault_stack.new_key()
     sc = Scenario(

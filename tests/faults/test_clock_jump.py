@@ -110,7 +110,7 @@ def quiet_queue(fault_stack, jumpy) -> None:
     """Overrides the suite's: the fleet here is `fa` and the jumpy worker; idle to start."""
     from sqlalchemy import func, select
 
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     jumpy.set_offset("+0")
     fault_stack.stop_workers(["fb"])

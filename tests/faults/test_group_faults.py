@@ -30,7 +30,7 @@ LONG_STEPS, LONG_LINES = 200, 2 * KILLS
 
 
 def _rows(stack, batch_id: uuid.UUID) -> dict[str, object]:
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     with stack.db.session() as session:
         jobs = session.scalars(select(Job).where(Job.batch_id == batch_id))

@@ -262,7 +262,7 @@ def quiet_queue(fault_stack, remote) -> None:
     """Overrides the suite's: the fleet here is `fa` and the remote worker; idle to start."""
     from sqlalchemy import func, select
 
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     settle_fleet(fault_stack, remote)
     deadline = time.monotonic() + 180

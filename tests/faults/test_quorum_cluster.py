@@ -156,7 +156,7 @@ def quiet_queue(quorum) -> None:
     """Overrides the suite's: the cluster whole, this stack's workers up, no job waiting."""
     from sqlalchemy import func, select
 
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     for node in quorum.cluster.nodes:
         quorum.cluster.rejoin(node)

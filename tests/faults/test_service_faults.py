@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.services]
 
 
 def _first_start_after(sc: Scenario, moment: datetime) -> float | None:
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     # Only the scenario's own jobs: a worker of an earlier scenario whose clock ran ahead
     # (N7) leaves rows started "in the future".
@@ -136,7 +136,7 @@ def test_f9_s3_unavailable_for_a_while(fault_stack):
 
 
 def _first_finish_after(sc: Scenario, moment: datetime) -> float | None:
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     with sc.stack.db.session() as session:
         first = session.scalar(select(func.min(Job.finished_at)).where(Job.finished_at > moment))

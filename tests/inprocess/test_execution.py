@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.jobs import transitions
 from app.jobs.states import ErrorCode, JobStatus
 from testbed import factories

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from app.catalog import tiny_spec
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.types import utcnow
 from app.jobs.queue_info import cost_model, fit, queue_info, work
 from app.jobs.states import JobStatus

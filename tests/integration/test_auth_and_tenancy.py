@@ -46,7 +46,7 @@ def test_every_v1_route_answers_401_without_a_valid_key(client, method, path, he
 
 
 def test_a_revoked_key_is_refused_at_once(client, tenant_key, db):
-    from app.db.models import ApiKey
+    from app.db.models.tenants import ApiKey
     from app.db.types import utcnow
 
     assert client.get("/v1/jobs", headers=auth(tenant_key)).status_code == 200
@@ -84,7 +84,7 @@ def test_an_absent_job_is_the_same_404_as_a_foreign_one(client, tenant_key):
 def test_the_database_holds_no_usable_key(client, tenant_key, db):
     from sqlalchemy import select
 
-    from app.db.models import ApiKey
+    from app.db.models.tenants import ApiKey
 
     key_id = tenant_key.split("_")[1]
     with db.session() as session:

@@ -12,7 +12,7 @@ import torch
 from prometheus_client import REGISTRY
 
 from app.broker.payload import build_payload
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.jobs.service import create_job
 from app.jobs.states import JobStatus, Priority
 from app.keys import get_or_create_tenant

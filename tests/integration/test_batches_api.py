@@ -39,7 +39,7 @@ def _post(client, key, body=None, *, data=None, content_type=None, headers=None,
 
 
 def _jobs(db, batch_id: str):
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     with db.session() as session:
         return list(
@@ -48,7 +48,8 @@ def _jobs(db, batch_id: str):
 
 
 def _batches_of(db, key: str) -> int:
-    from app.db.models import ApiKey, Batch
+    from app.db.models.batches import Batch
+    from app.db.models.tenants import ApiKey
     from app.keys import key_id_of
 
     with db.session() as session:
@@ -132,7 +133,8 @@ def test_a_batch_of_image_jobs_stores_its_inputs_only_once_accepted(client, othe
     import numpy as np
     from PIL import Image
 
-    from app.db.models import ApiKey, Upload
+    from app.db.models.inputs import Upload
+    from app.db.models.tenants import ApiKey
     from app.keys import key_id_of
 
     buffer = io.BytesIO()
@@ -264,7 +266,7 @@ def test_an_interrupted_ingest_is_finished_by_the_retry(flask_app, tenant_key, d
     def die(stored: int) -> None:
         raise Died(stored)
 
-    from app.db.models import ApiKey
+    from app.db.models.tenants import ApiKey
 
     with db.session() as session:
         tenant = session.scalar(
@@ -331,7 +333,8 @@ def test_results_wait_for_the_end(client, tenant_key):
 
 def test_the_completion_window_expires_what_has_not_started(client, tenant_key, db):
     from app.batches import lifecycle
-    from app.db.models import Batch, Job
+    from app.db.models.batches import Batch
+    from app.db.models.jobs import Job
     from app.db.types import utcnow
 
     batch = _post(client, tenant_key, {"requests": _requests(3), "completion_window": "1h"})
@@ -558,7 +561,7 @@ def test_a_reader_that_loses_the_end_to_the_relay_shows_the_relays_files(client,
     fault run read such an id and got a 404). The window is held open here: the loser's
     batch is loaded before the winner commits, and finishes after."""
     from app.batches import lifecycle
-    from app.db.models import Batch, BatchFile
+    from app.db.models.batches import Batch, BatchFile
 
     batch = _post(client, tenant_key, {"requests": _requests(2)}).get_json()
     client.post(f"/v1/batches/{batch['id']}/cancel", headers=auth(tenant_key))

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from app.broker.payload import build_payload
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.housekeeping.retention import remove_left_checkpoints
 from app.jobs.service import create_job
 from app.jobs.states import JobStatus, Priority

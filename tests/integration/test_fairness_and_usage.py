@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import update
 
 from app import usage
-from app.db.models import Job, Tenant
+from app.db.models.jobs import Job
+from app.db.models.tenants import Tenant
 from app.db.types import utcnow
 from app.jobs import fairness, service, transitions
 from app.jobs.states import JobStatus, Priority

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.types import utcnow
 from app.ids import uuid7
 from app.jobs.forecast import WEEK, forecast_gpus

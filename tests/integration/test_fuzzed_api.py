@@ -80,7 +80,8 @@ def _cancel_what_was_queued(db) -> None:
     """The generated jobs must not keep the suite's shared worker busy afterwards."""
     from sqlalchemy import select
 
-    from app.db.models import Job, Tenant
+    from app.db.models.jobs import Job
+    from app.db.models.tenants import Tenant
     from app.jobs.states import ErrorCode
     from app.jobs.transitions import cancel_job
 
@@ -192,7 +193,7 @@ def test_malformed_bodies_are_4xx_problems_for_every_operation_with_a_body(
 ):
     from sqlalchemy import func, select
 
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     client = fuzz_app.test_client()
     with_bodies = [

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from app.broker.payload import build_payload
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.jobs.service import create_job
 from app.jobs.states import ErrorCode, JobStatus, Priority
 from app.keys import get_or_create_tenant
@@ -219,7 +219,7 @@ def test_a_connection_cut_while_recording_the_model_digest_is_ridden_out(stack, 
     from sqlalchemy.exc import OperationalError
 
     from app.config import load_settings
-    from app.db.models import ModelDigest
+    from app.db.models.fleet import ModelDigest
     from app.services import Services
     from workers import runtime as runtime_module
 

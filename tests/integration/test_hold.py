@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import select, update
 
-from app.db.models import HeldModel, Job
+from app.db.models.fleet import HeldModel
+from app.db.models.jobs import Job
 from app.db.types import utcnow
 from app.jobs import residency, service, transitions
 from app.jobs.states import JobStatus, Priority

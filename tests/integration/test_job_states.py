@@ -88,7 +88,7 @@ def test_failure_is_recorded_once_and_terminal_states_do_not_move(db, job_id):
         assert not transitions.finish_failed(session, job_id, code=ErrorCode.INTERNAL, message="x")
         assert not transitions.finish_succeeded(session, job_id, owner="w1", result={"images": []})
     with db.session() as session:
-        from app.db.models import Job
+        from app.db.models.jobs import Job
 
         job = session.get(Job, job_id)
         assert (job.status, job.error_code, job.lease_owner) == (JobStatus.FAILED, "timeout", None)
@@ -98,7 +98,7 @@ def test_a_webhook_event_commits_with_its_change_or_not_at_all(db):
     """The webhook listener (app/webhooks/events.py) writes in the change's transaction."""
     from sqlalchemy import select
 
-    from app.db.models import WebhookEvent
+    from app.db.models.webhooks import WebhookEvent
     from app.keys import get_or_create_tenant
     from app.webhooks.events import record_change
 
@@ -147,7 +147,7 @@ def test_leases_follow_the_database_clock_not_the_workers(db, job_id, monkeypatc
     from sqlalchemy import text
 
     from app.db import types
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     skewed = lambda: types.datetime.now(types.UTC) + timedelta(hours=skew_hours)  # noqa: E731
     monkeypatch.setattr(transitions, "utcnow", skewed)
@@ -185,7 +185,7 @@ def test_a_row_locked_by_a_frozen_worker_does_not_stall_the_reaper(db, job_id):
 
     from sqlalchemy import text, update
 
-    from app.db.models import Job
+    from app.db.models.jobs import Job
     from app.housekeeping.leases import reap_lost_jobs
     from app.keys import get_or_create_tenant
 
@@ -233,7 +233,7 @@ def test_a_lease_that_ran_out_while_the_database_restarted_is_not_reaped_at_once
     and for more than nothing."""
     from sqlalchemy import text, update
 
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     assert claim(db, job_id, owner="restarted").kind == ClaimKind.CLAIMED
     session = db.sessions()  # the lease's expiry never committed: no relay reaps it meanwhile
@@ -264,7 +264,7 @@ def test_a_hard_time_limit_fails_the_job_only_while_the_run_it_stopped_holds_it(
     from celery.exceptions import TimeLimitExceeded
 
     from app.broker.payload import build_payload
-    from app.db.models import Job
+    from app.db.models.jobs import Job
     from tasks.boot import gpu
 
     monkeypatch.setattr(gpu, "services", lambda: SimpleNamespace(db=db))

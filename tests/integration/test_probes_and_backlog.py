@@ -209,7 +209,7 @@ def test_high_priority_jobs_go_to_the_high_priority_queue(tmp_path):
 def test_a_high_priority_submit_is_stored_on_the_high_priority_queue(
     stack, db, tenant_key, tmp_path
 ):
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     models = tmp_path / "models.toml"
     models.write_text(

@@ -81,7 +81,7 @@ IDS = [case[0] for case in CASES]
 
 
 def _job_count(db) -> int:
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     with db.session() as session:
         return session.scalar(select(func.count()).select_from(Job))

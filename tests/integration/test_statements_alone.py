@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import select, text, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from app.db.models import ApiKey, RequestCount, Tenant
+from app.db.models.limits import RequestCount
+from app.db.models.tenants import ApiKey, Tenant
 from app.db.session import execute_alone
 from app.db.types import utcnow
 from app.keys import admit

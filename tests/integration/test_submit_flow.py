@@ -13,7 +13,8 @@ import pytest
 from sqlalchemy import func, inspect, select, text
 
 from app.catalog import tiny_spec
-from app.db.models import Job, Tenant
+from app.db.models.jobs import Job
+from app.db.models.tenants import Tenant
 from app.db.types import utcnow
 from app.jobs import service
 from app.jobs.states import JobStatus

@@ -81,7 +81,7 @@ def test_the_access_log_redacts_credentials_in_query_strings(line, shown):
 def test_spending_a_ticket_clears_the_expired_ones(stack, db):
     from sqlalchemy import select
 
-    from app.db.models import UsedTicket
+    from app.db.models.limits import UsedTicket
     from app.db.types import utcnow
     from app.web.tickets import make_ticket, read_ticket, spend
 
@@ -144,7 +144,7 @@ def test_the_failure_count_is_shared_by_the_api_processes(shared_store):
     processes[0].failed(name)
     from sqlalchemy import func, select
 
-    from app.db.models import AuthFailure
+    from app.db.models.limits import AuthFailure
 
     with shared_store.session() as session:
         windows = session.scalars(

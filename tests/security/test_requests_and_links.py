@@ -111,7 +111,7 @@ def test_a_webhook_without_a_valid_port_is_refused_at_submit(guarded, db, url):
 
 
 def test_webhook_failures_are_shown_as_a_class_not_as_a_port_scan(guarded, db):
-    from app.db.models import WebhookAttempt, WebhookEvent
+    from app.db.models.webhooks import WebhookAttempt, WebhookEvent
 
     key = new_key(db, "hooks")
     job = submit(guarded, key)

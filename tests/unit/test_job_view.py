@@ -16,7 +16,7 @@ PUBLIC_URL = "https://api.example.com"
 
 
 def _job():
-    from app.db.models import Job
+    from app.db.models.jobs import Job
     from app.jobs.states import JobStatus, Priority
 
     created = datetime(2026, 11, 23, 12, 0, 0, 123456, tzinfo=UTC)
@@ -140,7 +140,7 @@ def test_the_webhook_worker_renders_jobs_without_flask(tmp_path):
 
 
 def _fresh(**changes):
-    from app.db.models import Job
+    from app.db.models.jobs import Job
     from app.jobs.states import JobStatus, Priority
     from app.jobs.transitions import progress_of
 

@@ -28,7 +28,7 @@ def test_keys_have_a_prefix_and_256_random_bits():
 
 
 def test_a_message_carries_ids_only():
-    from app.db.models import Job
+    from app.db.models.jobs import Job
 
     job = Job(id=uuid.uuid4(), tenant_id=uuid.uuid4(), input={"prompt": "secret"}, requeues=2)
     built = build_payload(job)

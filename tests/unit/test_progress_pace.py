@@ -91,7 +91,7 @@ def test_the_preemption_pass_weighs_a_long_job_at_its_measured_pace():
     from its checkpoint after a wait in the queue counts those seconds too."""
     from datetime import timedelta
 
-    from app.db.models import Job
+    from app.db.models.jobs import Job
     from app.db.types import utcnow
     from app.housekeeping.preemption import seconds_left
 

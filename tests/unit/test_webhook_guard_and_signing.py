@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from app.db.models import new_webhook_secret
+from app.db.models.tenants import new_webhook_secret
 from app.webhooks import signing
 from app.webhooks.delivery import DeliveryConfig, next_delay, parse_retry_after
 from app.webhooks.guard import (

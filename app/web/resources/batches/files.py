@@ -13,7 +13,7 @@ from flask_smorest import abort
 from sqlalchemy import select
 
 from app.batches.render import output_lines
-from app.db.models import Batch, BatchFile
+from app.db.models.batches import Batch, BatchFile
 from app.db.types import utcnow
 from app.ids import uuid7
 from app.web.auth import current_tenant, require_api_key

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from app.batches import lifecycle
 from app.batches.ingest import create_batch, create_failed
 from app.batches.render import batch_object, result_lines
-from app.db.models import Batch, BatchFile
+from app.db.models.batches import Batch, BatchFile
 from app.jobs.states import JobStatus
 from app.jobs.submit import Caps, Refused
 from app.web.auth import current_tenant, require_api_key, tenant_quota

@@ -10,7 +10,7 @@ from typing import Any
 
 from flask import request
 
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.jobs import view
 from app.jobs.queue_info import QueueInfo
 from app.storage import Storage

@@ -11,7 +11,7 @@ from marshmallow import fields
 from sqlalchemy import select, update
 
 from app.db import clock
-from app.db.models import WebhookAttempt, WebhookEvent
+from app.db.models.webhooks import WebhookAttempt, WebhookEvent
 from app.jobs import service
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint

@@ -22,7 +22,7 @@ from sqlalchemy import select
 from werkzeug.exceptions import HTTPException
 
 from app import uploads
-from app.db.models import Job
+from app.db.models.jobs import Job
 from app.db.types import utcnow
 from app.jobs import transitions
 from app.jobs.results import result_keys

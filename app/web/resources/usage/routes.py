@@ -8,7 +8,7 @@ from flask.views import MethodView
 from sqlalchemy import select
 
 from app import usage
-from app.db.models import Tenant
+from app.db.models.tenants import Tenant
 from app.db.types import utcnow
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
