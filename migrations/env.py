@@ -8,7 +8,7 @@ from alembic import context
 from sqlalchemy import text
 
 from app.config import load_settings
-from app.db.base import Base
+from app.db.models import Base  # the package: every table in the metadata
 from app.db.session import make_engine
 from app.db.types import UTCDateTime
 
