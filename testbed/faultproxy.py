@@ -12,13 +12,16 @@ from testbed.ports import free_port
 
 
 class FaultProxy:
-    """Forwards 127.0.0.1:port to a target; `down()` resets every connection until `up()`."""
+    """Forwards 127.0.0.1:port to a target; `down()` resets every connection until `up()`;
+    `lag` holds each new connection's bytes that many seconds before the first is
+    forwarded (a server slow to answer a handshake)."""
 
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
         self.port = free_port()
         self.refused = 0
         self.forwarded = 0
+        self.lag = 0.0
         self._down = threading.Event()
         self._refuse_next = 0
         self._stop = threading.Event()
@@ -80,6 +83,7 @@ class FaultProxy:
         with self._lock:
             self._open.update((a, b))
         try:
+            self._stop.wait(self.lag)
             while not self._stop.is_set() and not self._down.is_set():
                 readable, _, _ = select.select([a, b], [], [], 0.2)
                 for sock in readable:

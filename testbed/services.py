@@ -14,6 +14,17 @@ from psycopg2 import sql
 PG_ADMIN_URL = os.environ.get("DIFFQ_TEST_PG_URL", "postgresql://root@127.0.0.1:5432/postgres")
 AMQP_URL = os.environ.get("DIFFQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672")
 
+# How long a test's own AMQP connection may take to open, its handshake included. kombu's
+# default is 5 s: a RabbitMQ node just booted, with the suite's four processes starting
+# their stacks at once on two cores, once took longer (a fault stack's first declare).
+CONNECT_TIMEOUT = 60.0
+
+
+def broker_connection(url: str, **options) -> Connection:
+    """A kombu connection for a test's own declarations and reads: a slow handshake is
+    waited for, up to CONNECT_TIMEOUT, since it is not what the test is about."""
+    return Connection(url, connect_timeout=CONNECT_TIMEOUT, **options)
+
 
 def _with_path(url: str, path: str) -> str:
     parts = urlsplit(url)
@@ -60,7 +71,7 @@ def delete_vhost(name: str) -> None:
 
 def queue_state(broker_url: str, queue: str) -> tuple[int, int]:
     """(messages ready, consumers) of an existing queue, by passive declare."""
-    with Connection(broker_url) as conn:
+    with broker_connection(broker_url) as conn:
         channel = conn.channel()
         try:
             _name, messages, consumers = channel.queue_declare(queue=queue, passive=True)

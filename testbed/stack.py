@@ -14,10 +14,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kombu import Connection
-
 from testbed import services
 from testbed.seaweed import SeaweedS3
+from testbed.services import broker_connection
 
 MODELS_TOML = """\
 default_model = "tiny"
@@ -200,7 +199,7 @@ def start_stack(workdir: Path, extra_env: dict[str, str] | None = None) -> Stack
         from app.db.migrate import upgrade
 
         upgrade(database_url)
-        with Connection(broker_url) as conn:
+        with broker_connection(broker_url) as conn:
             declare_topology(conn, QUEUES)
     except BaseException:
         for step in reversed(cleanup):

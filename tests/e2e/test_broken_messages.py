@@ -7,10 +7,9 @@ import json
 import uuid
 
 import pytest
-from kombu import Connection
 
 from testbed.jobs import submit, wait_terminal
-from testbed.services import queue_state
+from testbed.services import broker_connection, queue_state
 
 pytestmark = pytest.mark.services
 
@@ -49,7 +48,7 @@ def test_broken_messages_are_dead_lettered_or_discarded_and_the_worker_goes_on(
     missing = str(uuid.uuid4())
     huge = str(uuid.uuid4())
     wrong_version = str(uuid.uuid4())
-    with Connection(stack.broker_url) as conn:
+    with broker_connection(stack.broker_url) as conn:
         _celery_message(conn, b'[[{"v": 1, "job_id": ')  # not JSON
         _celery_message(conn, _args({**_v1(wrong_version), "v": 99}))
         _celery_message(conn, _args(_v1(missing, prompt="x")))
@@ -120,7 +119,7 @@ def test_a_version_1_message_from_before_an_upgrade_runs_its_job_from_the_row(
         "tenant": str(tenant_id),
         "params": {**row_input, "prompt": "from the message", "steps": 9},
     }
-    with Connection(stack.broker_url) as conn:
+    with broker_connection(stack.broker_url) as conn:
         _celery_message(conn, _args(message))
 
     def finished():

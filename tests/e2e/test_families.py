@@ -12,12 +12,12 @@ import io
 
 import pytest
 import requests
-from kombu import Connection
 from PIL import Image
 
 from app.broker.topology import declare_topology
 from testbed.jobs import auth, submit, wait_terminal
 from testbed.processes import ApiServer, start_worker
+from testbed.services import broker_connection
 from testbed.stack import MODELS_TOML, build_tiny_flux_controlnet, build_tiny_model
 
 pytestmark = pytest.mark.services
@@ -75,7 +75,7 @@ def families(stack, tmp_path_factory):
         + FAMILY_TABLES.format(**paths)
     )
     env = {**stack.env, "DIFFQ_MODELS_FILE": str(models_file)}
-    with Connection(stack.broker_url) as conn:
+    with broker_connection(stack.broker_url) as conn:
         declare_topology(conn, ["gpu.tiny-sd3", "gpu.tiny-flux"])
     api = ApiServer(env, stack.logs, name="api-families").start()
     worker = start_worker(env, stack.logs, "worker-families", models="tiny-sd3,tiny-flux")

@@ -46,11 +46,10 @@ default_height = 64
 
 @pytest.fixture(scope="module")
 def gauges_api(stack, tmp_path_factory):
-    from kombu import Connection
-
     from app.broker.topology import declare_topology
+    from testbed.services import broker_connection
 
-    with Connection(stack.broker_url) as conn:
+    with broker_connection(stack.broker_url) as conn:
         declare_topology(conn, [QUEUE])
     folder = tmp_path_factory.mktemp("gauges")
     (folder / "models.toml").write_text(MODELS.format(tiny=stack.tiny_model, queue=QUEUE))

@@ -36,7 +36,6 @@ import psycopg2
 import pytest
 import requests
 import yaml
-from kombu import Connection
 
 from testbed import services
 from testbed.faultproxy import FaultProxy
@@ -58,6 +57,7 @@ from testbed.ports import free_port
 from testbed.private_rabbit import PrivateRabbitMQ
 from testbed.processes import ApiServer, ManagedProcess
 from testbed.receiver import Answer, Receiver
+from testbed.services import broker_connection
 
 pytestmark = pytest.mark.services
 
@@ -195,7 +195,7 @@ def ops(stack, tmp_path_factory):
         nvml = NvmlStandIn(workdir / "nvml.json")
         nvml.set(used=2 * GIB, total=8 * GIB, utilization=60)
         booting.join()
-        with Connection(rabbit.url) as conn:
+        with broker_connection(rabbit.url) as conn:
             declare_topology(conn, QUEUES)
         env = {
             **{k: v for k, v in stack.env.items() if not k.startswith("DIFFQ_")},

@@ -57,15 +57,14 @@ class Ops:
 
 @pytest.fixture(scope="module")
 def ops(stack, tmp_path_factory):
-    from kombu import Connection
-
     from app.broker.topology import declare_topology
+    from testbed.services import broker_connection
     from testbed.stack import QUEUES
 
     workdir = tmp_path_factory.mktemp("ops")
     rabbit = PrivateRabbitMQ(workdir / "rabbit", management=True)
     rabbit.start()
-    with Connection(rabbit.url) as conn:
+    with broker_connection(rabbit.url) as conn:
         declare_topology(conn, QUEUES)
     proxy = FaultProxy(stack.s3.port).start()
     metrics_port, flower_port = free_port(), free_port()

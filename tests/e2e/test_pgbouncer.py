@@ -13,12 +13,12 @@ import uuid
 import psycopg2
 import pytest
 import requests
-from kombu import Connection
 
 from app.jobs import listener
 from testbed import pgbouncer, services
 from testbed.jobs import auth, submit, wait_terminal
 from testbed.processes import ApiServer, start_worker
+from testbed.services import broker_connection
 from testbed.stack import QUEUES
 from testbed.waiting import wait_until
 
@@ -57,7 +57,7 @@ def pooled(stack):
     with _admin("postgres") as cur:
         cur.execute(f"ALTER DATABASE {name} SET statement_timeout = '15s'")
     broker_url = services.create_vhost(name)
-    with Connection(broker_url) as conn:
+    with broker_connection(broker_url) as conn:
         declare_topology(conn, QUEUES)
     bouncer = pgbouncer.PgBouncer(services.PG_ADMIN_URL, POOL).start()
     db = Database(direct, pool_size=1)

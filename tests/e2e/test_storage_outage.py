@@ -6,12 +6,12 @@ import uuid
 
 import pytest
 import requests
-from kombu import Connection
 
 from testbed import services
 from testbed.faultproxy import FaultProxy
 from testbed.jobs import submit, wait_terminal
 from testbed.processes import ApiServer, start_worker
+from testbed.services import broker_connection
 from testbed.stack import QUEUES
 from testbed.waiting import wait_until
 
@@ -25,7 +25,7 @@ def outage(stack):
 
     vhost = f"diffq-test-s3-{uuid.uuid4().hex[:8]}"
     broker_url = services.create_vhost(vhost)
-    with Connection(broker_url) as conn:
+    with broker_connection(broker_url) as conn:
         declare_topology(conn, QUEUES)
     proxy = FaultProxy(stack.s3.port).start()
     api_env = {**stack.env, "DIFFQ_BROKER_URL": broker_url}

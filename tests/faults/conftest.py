@@ -228,11 +228,10 @@ def pytest_collection_modifyitems(items) -> None:
 
 @pytest.fixture(scope="session")
 def fault_stack(tmp_path_factory) -> FaultStack:
-    from kombu import Connection
-
     from app.broker.topology import declare_topology
     from app.db.migrate import upgrade
     from app.db.session import Database
+    from testbed.services import broker_connection
 
     workdir = tmp_path_factory.mktemp("faults")
     logs = workdir / "logs"
@@ -254,7 +253,7 @@ def fault_stack(tmp_path_factory) -> FaultStack:
     upgrade(database_url)
     booting.join()
     broker_url = rabbit.url
-    with Connection(broker_url) as conn:
+    with broker_connection(broker_url) as conn:
         declare_topology(conn, ["gpu.tiny", "gpu.tiny-batch", "gpu.tiny-video"])
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("DIFFQ_")},

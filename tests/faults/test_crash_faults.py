@@ -7,10 +7,10 @@ import time
 from datetime import UTC, datetime
 
 import pytest
-from kombu import Connection
 from sqlalchemy import text
 
 from app.jobs.states import JobStatus
+from testbed.services import broker_connection
 from testbed.waiting import wait_until
 from tests.faults.harness import FLOORS, Scenario
 from tests.faults.test_service_faults import SteadyLoad, _first_start_after
@@ -25,7 +25,7 @@ TERMINATE_APP_BACKENDS = text(
 
 
 def _ready(stack, queue: str = "gpu.tiny") -> int:
-    with Connection(stack.env["DIFFQ_BROKER_URL"]) as conn:
+    with broker_connection(stack.env["DIFFQ_BROKER_URL"]) as conn:
         return conn.default_channel.queue_declare(queue, passive=True).message_count
 
 

@@ -87,12 +87,11 @@ def _forwarded(lan, stack) -> tuple[dict[str, str], list]:
 
 @pytest.fixture(scope="module")
 def quorum(fault_stack, tmp_path_factory):
-    from kombu import Connection
-
     from app.broker.topology import declare_topology
     from app.db.migrate import upgrade
     from app.db.session import Database
     from testbed.rabbit_cluster import RabbitCluster
+    from testbed.services import broker_connection
 
     fault_stack.stop_workers(list(fault_stack.workers))  # their CPU goes to this cluster's
     workdir = tmp_path_factory.mktemp("quorum")
@@ -103,7 +102,7 @@ def quorum(fault_stack, tmp_path_factory):
     forwarders: list = []
     db = None
     try:
-        with Connection(cluster.url) as conn:
+        with broker_connection(cluster.url) as conn:
             declare_topology(conn, QUEUES, "quorum")
         database_url = fault_stack.pg.create_database(f"quorum_{uuid.uuid4().hex[:8]}")
         upgrade(database_url)

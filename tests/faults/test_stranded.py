@@ -11,9 +11,9 @@ import contextlib
 import time
 
 import pytest
-from kombu import Connection
 
 from app.jobs.states import JobStatus
+from testbed.services import broker_connection
 from testbed.waiting import wait_until
 from tests.faults.harness import Scenario
 
@@ -26,7 +26,7 @@ class Holder:
     """A consumer of `queue` that takes one message and keeps it unacked."""
 
     def __init__(self, url: str, queue: str) -> None:
-        self.conn = Connection(url)
+        self.conn = broker_connection(url)
         self.channel = self.conn.channel()
         self.channel.basic_qos(0, 1, False)
         self.held = []
@@ -88,7 +88,7 @@ def test_reopen_hands_back_what_the_connection_held(fault_stack):
 
     url = fault_stack.env["DIFFQ_BROKER_URL"]
     queue = "stranded-reopen"
-    with Connection(url) as admin:
+    with broker_connection(url) as admin:
         channel = admin.channel()
         channel.queue_declare(queue, durable=True, auto_delete=False)
         channel.queue_purge(queue)
@@ -98,7 +98,7 @@ def test_reopen_hands_back_what_the_connection_held(fault_stack):
         holder.take(timeout=10)
         broker = RabbitMQ(load_settings({**fault_stack.env}))
         assert broker.reopen(holder.conn)
-        with Connection(url) as other:
+        with broker_connection(url) as other:
             channel = other.channel()
             got = None
             deadline = time.monotonic() + 10

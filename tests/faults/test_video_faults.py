@@ -16,6 +16,7 @@ import requests
 from app.jobs.states import JobStatus
 from testbed.jobs import auth
 from testbed.processes import ManagedProcess
+from testbed.services import broker_connection
 from testbed.waiting import wait_until
 from tests.faults.harness import REPORT, Figures, Scenario
 from tests.faults.killing import kill_child
@@ -170,15 +171,13 @@ def test_f23_a_spot_notice_checkpoints_the_clip_and_hands_it_back(fault_stack):
     the message back in the queue (goal: 10 s)."""
     import threading
 
-    from kombu import Connection
-
     stack = fault_stack
     # Any clip with more than 0 s left leaves at once: the tiny clip is short.
     stack.start_video_worker("spot", {"DIFFQ_SHUTDOWN_FINISH": "0"})
     sc = Scenario("F23 spot notice mid-clip", stack, stack.new_key())
 
     def ready() -> int:
-        with Connection(stack.env["DIFFQ_BROKER_URL"]) as conn:
+        with broker_connection(stack.env["DIFFQ_BROKER_URL"]) as conn:
             return conn.default_channel.queue_declare("gpu.tiny-video", passive=True).message_count
 
     try:
@@ -231,7 +230,7 @@ def test_f22_consumer_timeout_closes_the_channel_and_requeues(tmp_path):
     marked redelivered. Shown with kombu on a node of its own whose timeout is 2 s,
     checked every second instead of every minute."""
     from amqp.exceptions import PreconditionFailed
-    from kombu import Connection, Consumer, Producer, Queue
+    from kombu import Consumer, Producer, Queue
 
     from testbed.private_rabbit import PrivateRabbitMQ
 
@@ -244,7 +243,7 @@ def test_f22_consumer_timeout_closes_the_channel_and_requeues(tmp_path):
         fig = Figures("F22 consumer_timeout, unacked delivery")
         queue = Queue("f22", durable=True)
         deliveries: list[dict] = []
-        with Connection(rabbit.url) as holder, Connection(rabbit.url) as taker:
+        with broker_connection(rabbit.url) as holder, broker_connection(rabbit.url) as taker:
             Producer(holder.default_channel).publish(
                 {"job": "f22"}, routing_key="f22", declare=[queue], delivery_mode=2
             )
@@ -361,7 +360,6 @@ def test_a_time_limit_past_the_consumer_timeout_is_refused(fault_stack, tmp_path
     setting raised (the broker's consumer_timeout raised with it) the worker starts; with
     it lowered, a batching model that fits the default is refused. The same model with
     checkpoints fits the default: its deliveries hand back before the timeout."""
-    from kombu import Connection
 
     from app.broker.topology import declare_topology
     from app.catalog import load_catalog
@@ -392,7 +390,7 @@ def test_a_time_limit_past_the_consumer_timeout_is_refused(fault_stack, tmp_path
     assert spans.spans_deliveries and spans.time_limit == 1600
     models.write_text(LONG_MODEL.format(tiny=stack.logs.parent / "models" / "tiny"))
 
-    with Connection(stack.env["DIFFQ_BROKER_URL"]) as conn:
+    with broker_connection(stack.env["DIFFQ_BROKER_URL"]) as conn:
         declare_topology(conn, ["gpu.tiny-long"])
     try:
         raised, outcome = _worker(
@@ -408,6 +406,6 @@ def test_a_time_limit_past_the_consumer_timeout_is_refused(fault_stack, tmp_path
         finally:
             raised.stop()
     finally:
-        with Connection(stack.env["DIFFQ_BROKER_URL"]) as conn:
+        with broker_connection(stack.env["DIFFQ_BROKER_URL"]) as conn:
             for queue in ("gpu.tiny-long", "gpu.tiny-long.dlq"):
                 conn.default_channel.queue_delete(queue)

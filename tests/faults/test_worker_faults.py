@@ -245,7 +245,7 @@ def test_f3_rolling_sigterm_restarts_under_load(fault_stack):
 
 
 def test_f7_a_poison_job_is_dead_lettered_and_does_not_block_the_queue(fault_stack):
-    from kombu import Connection
+    from testbed.services import broker_connection
 
     stack = fault_stack
     stack.ensure_workers()
@@ -289,7 +289,7 @@ def test_f7_a_poison_job_is_dead_lettered_and_does_not_block_the_queue(fault_sta
     assert ahead, "every other job waited for the poison job's end"
 
     def dead_letters() -> int:
-        with Connection(stack.env["DIFFQ_BROKER_URL"]) as conn:
+        with broker_connection(stack.env["DIFFQ_BROKER_URL"]) as conn:
             return conn.default_channel.queue_declare("gpu.tiny.dlq", passive=True).message_count
 
     # The row is failed first, then the message rejected into the dead-letter queue.

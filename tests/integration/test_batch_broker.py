@@ -7,9 +7,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from kombu import Connection
 
 from app.broker.payload import GENERATE_TASK
+from testbed.services import broker_connection
 
 pytestmark = pytest.mark.services
 
@@ -19,10 +19,10 @@ def queue(stack):
     from app.broker.topology import dead_letter_queue_name, declare_topology
 
     name = f"gpu.batch-test-{uuid.uuid4().hex[:8]}"
-    with Connection(stack.broker_url) as conn:
+    with broker_connection(stack.broker_url) as conn:
         declare_topology(conn, [name])
     yield name
-    with Connection(stack.broker_url) as conn:
+    with broker_connection(stack.broker_url) as conn:
         channel = conn.default_channel
         channel.queue_delete(name)
         channel.queue_delete(dead_letter_queue_name(name))
@@ -36,7 +36,7 @@ def _send(app, queue: str, job_id: str) -> None:
 
 
 def _ready(stack, queue: str) -> int:
-    with Connection(stack.broker_url) as conn:
+    with broker_connection(stack.broker_url) as conn:
         return conn.default_channel.queue_declare(queue, passive=True).message_count
 
 

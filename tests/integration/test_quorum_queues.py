@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 from amqp.exceptions import PreconditionFailed
-from kombu import Connection
 
 from app.broker.topology import declare_topology, queue_type, work_queue
+from testbed.services import broker_connection
 
 pytestmark = pytest.mark.services
 
@@ -32,7 +32,7 @@ def test_the_queue_type_setting(monkeypatch):
 def test_a_rejected_message_reaches_the_quorum_dlq(stack, monkeypatch):
     monkeypatch.setenv("DIFFQ_QUEUE_TYPE", "quorum")
     name = f"gpu.quorum-{uuid.uuid4().hex[:8]}"
-    with Connection(stack.broker_url) as conn:
+    with broker_connection(stack.broker_url) as conn:
         declare_topology(conn, [name])
         channel = conn.channel()
         # It is a quorum queue: declaring it classic is refused as inequivalent.
