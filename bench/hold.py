@@ -59,6 +59,54 @@ def workload(jobs: int, interval: float, seed: int) -> list[tuple[float, int]]:
     return drawn
 
 
+def loads_lru(sequence: list[int], slots: int) -> int:
+    """Loads of one cache of `slots` models, least recently used out."""
+    held: list[int] = []
+    loads = 0
+    for model in sequence:
+        if model in held:
+            held.remove(model)
+        else:
+            loads += 1
+            if len(held) >= slots:
+                held.pop(0)
+        held.append(model)
+    return loads
+
+
+def loads_fewest(sequence: list[int], slots: int) -> int:
+    """Loads of one cache of `slots` models that knows the future and unloads the model
+    needed furthest ahead (Belady's): the fewest any policy can make."""
+    held: set[int] = set()
+    loads = 0
+    for at, model in enumerate(sequence):
+        if model in held:
+            continue
+        loads += 1
+        if len(held) >= slots:
+            ahead = sequence[at + 1 :]
+            held.remove(max(held, key=lambda m: ahead.index(m) if m in ahead else len(ahead)))
+        held.add(model)
+    return loads
+
+
+def bounds(draws: list, per_worker: int, workers: int) -> list[dict]:
+    """What the arrivals cost in loads per 100 jobs, for reference: each worker's slots
+    alone (what two workers that hold the same models amount to) and the fleet's slots
+    as one cache, by LRU and by the fewest possible."""
+    sequence = [model for _, model in draws]
+    rows = []
+    for name, slots in (("one worker's", per_worker), ("the fleet's", per_worker * workers)):
+        for policy, count in (("LRU", loads_lru), ("fewest possible", loads_fewest)):
+            rows.append(
+                {
+                    "cache": f"{name} {slots} slots as one cache, {policy}",
+                    "loads/100 jobs": 100 * count(sequence, slots) / len(sequence),
+                }
+            )
+    return rows
+
+
 def _run(hold: float, draws: list, models_dir: Path) -> dict:
     from kombu import Connection
 
@@ -168,6 +216,14 @@ def main() -> None:
             "rarest wait ratio",
             "all done",
         ],
+    )
+    reference = bounds(draws, per_worker=2, workers=2)
+    for row in reference:
+        row["ratio to the baseline"] = row["loads/100 jobs"] / base["loads/100 jobs"]
+    print_table(
+        "The same arrivals without workers: loads a cache of those slots would make",
+        reference,
+        ["cache", "loads/100 jobs", "ratio to the baseline"],
     )
 
 

@@ -51,6 +51,10 @@ class ModelCache(MutableMapping[str, LoadedModel]):
         # Told the loaded names whenever they change (the runtime writes them down for the
         # other workers' hold: app/jobs/residency.py).
         self.listener: Callable[[list[str]], None] | None = None
+        # Given the loaded names, those another worker holds too (the runtime asks
+        # held_models): they are unloaded first, least recent first, so that a worker
+        # makes room by dropping a second copy before the fleet's only one.
+        self.also_held: Callable[[list[str]], set[str]] | None = None
         WORKER_MODEL_BUDGET.set(budget)
         self._publish()
 
@@ -156,7 +160,8 @@ class ModelCache(MutableMapping[str, LoadedModel]):
     def _make_room(self, spec: ModelSpec) -> None:
         need = self.size_of(spec)
         while self._loaded and (reason := self._over(need)):
-            name, model = self._loaded.popitem(last=False)
+            name = self._victim()
+            model = self._loaded.pop(name)
             self._publish()
             log.info("model %s unloaded for %s (%s)", name, spec.name, reason)
             if not any(m.pipeline is model.pipeline for m in self._loaded.values()):
@@ -172,3 +177,10 @@ class ModelCache(MutableMapping[str, LoadedModel]):
                 need,
                 self.budget,
             )
+
+    def _victim(self) -> str:
+        """The model to unload: the least recently used of those another worker holds
+        too, else the least recently used."""
+        names = list(self._loaded)
+        copies = self.also_held(names) if self.also_held is not None else set()
+        return next((name for name in names if name in copies), names[0])

@@ -119,6 +119,16 @@ class WorkerRuntime(Services):
         except SQLAlchemyError as exc:
             log.warning("could not write down the models held here: %s", exc)
 
+    def also_held(self, names: list[str]) -> set[str]:
+        """Of `names`, the models another live worker holds too (best effort: none when
+        the database cannot say, and the least recent is unloaded)."""
+        try:
+            with self.db.session() as session:
+                return residency.also_held(session, self.owner, names)
+        except SQLAlchemyError as exc:
+            log.warning("could not read which models other workers hold: %s", exc)
+            return set()
+
     @property
     def idle_transaction_seconds(self) -> float:
         """A pool process frozen mid-transaction (a hung device call, a stopped VM) must
@@ -323,6 +333,8 @@ def build_runtime(parent: Services, queues: list[str]) -> WorkerRuntime:
     )
 
     models.listener = runtime.say_held
+    if settings.warm_hold_seconds > 0:  # with the hold, a job goes where its model is
+        models.also_held = runtime.also_held
     runtime.say_held(list(models))
     runtime.say_alive()
 

@@ -67,6 +67,24 @@ def held_elsewhere(session: Session, owner: str, mine: Iterable[str]) -> list[st
     )
 
 
+def also_held(session: Session, owner: str, mine: Iterable[str]) -> set[str]:
+    """Of `mine`, the models another worker seen alive lately holds too: a second copy,
+    the first a worker unloads to make room (workers/models.py), so that the fleet's
+    slots hold as many distinct models as they can."""
+    alive = clock.now(session) - timedelta(seconds=LIVE_SECONDS)
+    return set(
+        session.scalars(
+            select(HeldModel.model)
+            .where(
+                HeldModel.owner != owner,
+                HeldModel.model.in_(list(mine)),
+                HeldModel.seen_at > alive,
+            )
+            .distinct()
+        )
+    )
+
+
 def held_by_others(session: Session, owner: str, mine: Iterable[str], seconds: float):
     """SQL for the jobs held for another worker: queued less than `seconds` ago, of a
     model this worker (`owner`, holding `mine`) does not hold and another worker holds

@@ -250,3 +250,27 @@ def test_a_message_goes_back_once_to_an_idle_holder_seen_lately(database):
     with database.session() as session:  # alive again: its renewal
         residency.seen(session, pool.busy)
     assert pool.claim(free, pool.add(pool.x)).kind == transitions.ClaimKind.ELSEWHERE
+
+
+def test_also_held_names_the_models_a_live_worker_holds_too(database):
+    """What a worker unloads first (workers/models.py): of its models, those another
+    worker seen within LIVE_SECONDS holds too; its own rows and a silent worker's do not
+    count."""
+    run = uuid.uuid4().hex[:8]
+    a, b, c = f"a-{run}", f"b-{run}", f"c-{run}"
+    me, other, silent = (f"{who}-{run}" for who in ("me", "other", "silent"))
+    with database.session() as session:
+        residency.record(session, me, [a, b, c])
+        residency.record(session, other, [b])
+        residency.record(session, silent, [c])
+        session.execute(
+            update(HeldModel)
+            .where(HeldModel.owner == silent)
+            .values(seen_at=utcnow() - timedelta(seconds=residency.LIVE_SECONDS + 5))
+        )
+    with database.session() as session:
+        assert residency.also_held(session, me, [a, b, c]) == {b}
+        assert residency.also_held(session, other, [b]) == {b}  # mine holds it too
+        assert residency.also_held(session, me, [a]) == set()
+        for owner in (me, other, silent):
+            residency.forget(session, owner)

@@ -116,3 +116,21 @@ def test_the_listener_hears_every_change_of_the_loaded_set():
     assert heard[-1] == ["b"] and all("b" not in names for names in heard[:-1])
     cache.get("b")  # already loaded: nothing changed, nothing said
     assert heard[-1] == ["b"] and len([n for n in heard if n == ["b"]]) == 1
+
+
+def test_room_is_made_by_dropping_a_second_copy_before_the_fleets_only_one():
+    """With the hold on, the runtime says which loaded models another worker holds too
+    (`also_held`): the least recent of those goes first, else the least recent."""
+    cache, _ = _cache(capacity=2)
+    asked = []
+
+    def also_held(names):
+        asked.append(list(names))
+        return {"b"}
+
+    cache.also_held = also_held
+    cache.get("a"), cache.get("b")  # a is the least recent, but b has a second copy
+    cache.get("c")
+    assert sorted(cache) == ["a", "c"] and asked == [["a", "b"]]
+    cache.get("d")  # neither a nor c is held elsewhere: the least recent, a, goes
+    assert sorted(cache) == ["c", "d"]
