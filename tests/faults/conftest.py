@@ -5,6 +5,7 @@ is printed at the end of the run."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -228,22 +229,40 @@ def pytest_collection_modifyitems(items) -> None:
 
 @pytest.fixture(scope="session")
 def fault_stack(tmp_path_factory) -> FaultStack:
+    workdir = tmp_path_factory.mktemp("faults")
+    logs = workdir / "logs"
+    logs.mkdir()
+    # Each part is stopped in reverse order at the end, or at once if the setup fails
+    # half-way (run 65: a failed first attempt left its PostgreSQL and S3 running).
+    parts = contextlib.ExitStack()
+    try:
+        stack = _start_fault_stack(workdir, logs, parts)
+    except BaseException:
+        parts.close()
+        raise
+    with parts:
+        yield stack
+
+
+def _start_fault_stack(workdir: Path, logs: Path, parts: contextlib.ExitStack) -> FaultStack:
     from app.broker.topology import declare_topology
     from app.db.migrate import upgrade
     from app.db.session import Database
     from testbed.services import broker_connection
 
-    workdir = tmp_path_factory.mktemp("faults")
-    logs = workdir / "logs"
-    logs.mkdir()
     rabbit = PrivateRabbitMQ(workdir / "rabbit")
     # The node takes the longest to boot: start it while the rest is set up.
     booting = threading.Thread(target=rabbit.start)
     booting.start()
+    parts.callback(rabbit.close)
+    parts.callback(booting.join)  # a boot still under way ends before the node is stopped
     pg = PrivatePostgres().init()
+    parts.callback(pg.close)
     pg.start()
     s3 = SeaweedS3(workdir / "s3").start()
+    parts.callback(s3.stop)
     proxy = FaultProxy(s3.port).start()
+    parts.callback(proxy.stop)
     bucket = f"faults-{uuid.uuid4().hex[:8]}"
     s3.client().create_bucket(Bucket=bucket)
     tiny = build_tiny_model(workdir / "models" / "tiny")
@@ -282,6 +301,7 @@ def fault_stack(tmp_path_factory) -> FaultStack:
         "OMP_NUM_THREADS": "1",
     }
     api = ApiServer(env, logs, name="api-faults").start()
+    parts.callback(api.stop)
     env["DIFFQ_S3_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.port}"
     stack = FaultStack(
         env=env,
@@ -294,21 +314,16 @@ def fault_stack(tmp_path_factory) -> FaultStack:
         db=Database(database_url, pool_size=2),
         api=api,
     )
+    parts.callback(lambda: stack.db.dispose())
     stack.receiver = Receiver().start()
+    parts.callback(lambda: stack.receiver.stop())
     stack.start_relay()
+    parts.callback(stack.stop_relay)
     stack.start_deliverer()
+    parts.callback(lambda: stack.deliverer.stop())
+    parts.callback(lambda: stack.stop_workers(list(stack.workers)))
     stack.ensure_workers()
-    yield stack
-    stack.stop_workers(list(stack.workers))
-    stack.stop_relay()
-    stack.deliverer.stop()
-    stack.receiver.stop()
-    api.stop()
-    stack.db.dispose()
-    proxy.stop()
-    s3.stop()
-    rabbit.close()
-    pg.close()
+    return stack
 
 
 @pytest.fixture(autouse=True)
