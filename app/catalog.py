@@ -10,6 +10,7 @@ from app.config import Settings
 from app.controls import ControlNetSpec
 from app.families import ADDON_FAMILIES, DEFAULT_FAMILY, FAMILIES
 from app.presets import PRESETS
+from app.quality import DEFAULT_TIER, Tier, TierError, model_tiers
 from app.rules import MAX_STEPS, SCHEDULER_NAMES, schedulers_for
 from app.rules import SCHEDULERS as SCHEDULER_TABLE
 
@@ -124,9 +125,22 @@ class ModelSpec:
     # every this many seconds, and when it is handed back (a shutdown, a spot notice), so
     # a job that dies resumes there; 0: never.
     checkpoint_seconds: float = 60.0
+    # Quality tiers (app/quality.py): the ones a request may ask for (`quality`; None:
+    # exact and every tier its family has defaults for), the one a request without it
+    # gets, and each tier's settings (`[models.NAME.tiers.TIER]` over the family's).
+    quality: tuple[str, ...] | None = None
+    default_quality: str = DEFAULT_TIER
+    tiers: tuple[Tier, ...] | None = None
 
     def __post_init__(self) -> None:
         family = FAMILIES.get(self.family)
+        if self.tiers is None:
+            try:
+                tiers = model_tiers(self.family, self.quality, None)
+            except TierError as exc:
+                raise CatalogError(f"model {self.name!r}: {exc}") from exc
+            object.__setattr__(self, "tiers", tiers)
+        object.__setattr__(self, "quality", tuple(t.name for t in self.tiers))
         if self.schedulers is None and family is not None:
             object.__setattr__(self, "schedulers", schedulers_for(self.family))
         if self.kinds is None:
@@ -175,6 +189,13 @@ class ModelSpec:
             min(self.time_limit, consumer_timeout - margin / 4),
         )
 
+    def tier(self, name: str) -> Tier:
+        """The settings of one of its tiers (KeyError for one it does not offer)."""
+        for tier in self.tiers:
+            if tier.name == name:
+                return tier
+        raise KeyError(name)
+
     @property
     def min_steps(self) -> int:
         family = FAMILIES.get(self.family)
@@ -221,6 +242,7 @@ class ModelSpec:
         self._check_schedulers()
         self._check_add_ons()
         self._check_kinds()
+        self._check_quality()
 
     def _check_identity(self) -> None:
         """The family, preset, dtype and queue it names exist and fit each other."""
@@ -373,6 +395,18 @@ class ModelSpec:
         if self.video:
             self._check_video()
 
+    def _check_quality(self) -> None:
+        """Its tiers fit its family, and its default is one of them."""
+        if self.default_quality not in self.quality:
+            raise CatalogError(
+                f"model {self.name!r}: default_quality must be one of its tiers {self.quality}"
+            )
+        for tier in self.tiers:
+            try:
+                tier.check(FAMILIES[self.family])
+            except TierError as exc:
+                raise CatalogError(f"model {self.name!r}: tiers.{exc}") from exc
+
     def _check_video(self) -> None:
         step = self.frame_step
         for name in ("default_frames", "max_frames"):
@@ -510,6 +544,12 @@ def _spec_from_table(
             values[key] = tuple(values[key])
     if "kinds" in values:
         values["kinds"] = tuple(values["kinds"])
+    if "tiers" in values and not isinstance(values["tiers"], dict):
+        raise CatalogError(f"model {name!r}: tiers must be a table of tier tables")
+    try:
+        values["tiers"] = model_tiers(family, values.get("quality"), values.get("tiers"))
+    except TierError as exc:
+        raise CatalogError(f"model {name!r}: {exc}") from exc
     try:
         spec = ModelSpec(name=name, **values)
     except TypeError as exc:

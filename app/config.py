@@ -130,6 +130,9 @@ class Settings:
     worker_max_models: int
     # ControlNets a worker keeps loaded beside each model (workers/controls.py).
     worker_controlnets: int
+    # Bytes of text-encoder outputs a worker keeps on its device (workers/conditioning.py;
+    # 0: none kept).
+    worker_conditioning_bytes: int
     worker_model_bytes: int
     warm_share_slack: float
     http_keepalive: float
@@ -355,6 +358,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         warm_hold_seconds=_float(env, "DIFFQ_WARM_HOLD_SECONDS", 20.0),
         worker_max_models=_int(env, "DIFFQ_WORKER_MAX_MODELS", 0),
         worker_controlnets=_int(env, "DIFFQ_WORKER_CONTROLNETS", 4),
+        worker_conditioning_bytes=_int(env, "DIFFQ_WORKER_CONDITIONING_BYTES", 256 * 1024**2),
         worker_model_bytes=_int(env, "DIFFQ_WORKER_MODEL_BYTES", 0),
         warm_share_slack=_float(env, "DIFFQ_WARM_SHARE_SLACK", 60.0),
         # Idle seconds a client connection is kept open: longer than the load balancer's

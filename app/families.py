@@ -59,6 +59,13 @@ class Family:
     pipelines: tuple[tuple[str, str], ...] = ()
     # The diffusers class of its ControlNets; None: it takes none (docs/controls.md).
     controlnet_class: str | None = None
+    # Quality tiers (app/quality.py): a step cache fits its denoiser (a transformer with
+    # diffusers' CacheMixin); how its guidance is cut on late steps: "batched" (the
+    # unconditional rows ride in the same tensors, halved at the cut where the step
+    # callback reaches them all: workers/rows.py), "separate" (a pass of its own, left
+    # out), or "" (it cannot be).
+    step_cache: bool = False
+    guidance_cut: str = ""
 
     def pipeline_for(self, kind: str) -> str | None:
         return dict(self.pipelines).get(kind)
@@ -75,9 +82,15 @@ FAMILIES: dict[str, Family] = {
         8,
         None,
         controlnet_class="ControlNetModel",
+        guidance_cut="batched",
     ),
     "sd3": Family(
-        "sd3", "Stable Diffusion 3 / 3.5 (MMDiT, flow matching)", True, 16, ("StableDiffusion3",)
+        "sd3",
+        "Stable Diffusion 3 / 3.5 (MMDiT, flow matching)",
+        True,
+        16,
+        ("StableDiffusion3",),
+        guidance_cut="batched",
     ),
     "flux": Family(
         "flux",
@@ -86,6 +99,7 @@ FAMILIES: dict[str, Family] = {
         16,
         ("Flux",),
         controlnet_class="FluxControlNetModel",
+        step_cache=True,
     ),
     "wan": Family(
         "wan",
@@ -98,6 +112,8 @@ FAMILIES: dict[str, Family] = {
         default_fps=16,
         kinds=("txt2vid",),
         pipelines=(("txt2vid", "WanPipeline"), ("img2vid", "WanImageToVideoPipeline")),
+        step_cache=True,
+        guidance_cut="separate",
     ),
     "ltx": Family(
         "ltx",
@@ -110,6 +126,7 @@ FAMILIES: dict[str, Family] = {
         min_steps=2,
         kinds=("txt2vid", "img2vid"),
         pipelines=(("txt2vid", "LTXPipeline"), ("img2vid", "LTXImageToVideoPipeline")),
+        step_cache=True,
     ),
 }
 DEFAULT_FAMILY = "sd"

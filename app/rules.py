@@ -148,6 +148,12 @@ def model_limit_errors(spec: ModelSpec, data: dict[str, Any]) -> dict[str, list[
             f"Must be one of: {', '.join(spec.schedulers)} (model '{spec.name}' is of "
             f"family '{spec.family}').",
         )
+    quality = data.get("quality")
+    if quality is not None and quality not in spec.quality:
+        add(
+            "quality",
+            f"Must be one of: {', '.join(spec.quality)} (the tiers model '{spec.name}' offers).",
+        )
     chosen = SCHEDULERS.get(scheduler or "default")
     steps = data.get("steps", spec.default_steps)
     if chosen is not None and "steps" not in errors and steps > chosen.max_steps:

@@ -15,12 +15,14 @@ path of every step, the image's own packages untouched), then runs, each step wi
 own time limit inside the budget (`--budget`, 540 s by default):
 
 1. `tests/gpu` (pytest; a CPU skips them with the reason);
-2. `bench.gpu`: SD 1.5 512² (eager and compiled), then SDXL 1024² (eager), fp16, 20
+2. `bench.quality`: each quality tier of SD 1.5 512² and SDXL 1024² against `exact` in
+   the same run (denoiser work, seconds an image, PSNR), fp16, 20 steps;
+3. `bench.gpu`: SD 1.5 512² (eager and compiled), then SDXL 1024² (eager), fp16, 20
    steps (random weights in the published layouts: no weights travel);
-3. `bench.duty --jobs 100` at 0.5 s and 2 s (diffq's worker on the embedded stores; its
+4. `bench.duty --jobs 100` at 0.5 s and 2 s (diffq's worker on the embedded stores; its
    synthetic model never touches the GPU, so it runs beside the GPU steps);
-4. `bench.cold_start`: SD 1.5 and SDXL, process start to first job ready, by phase;
-5. `bench.batching` on SD 1.5.
+5. `bench.cold_start`: SD 1.5 and SDXL, process start to first job ready, by phase;
+6. `bench.batching` on SD 1.5.
 
 The report holds each step's command, status, seconds and its tables (the output's last
 lines). A step that fails or runs out of time is reported as such and the next one runs.
@@ -161,6 +163,11 @@ def steps(dry_run: bool) -> list[Step]:
         return [
             Step("tests/gpu", _module(TESTS), 120),
             Step(
+                "bench.quality (tiny)",
+                _module("bench.quality --models sd flux --seeds 1 --steps 4 --sweep 0.5"),
+                120,
+            ),
+            Step(
                 "bench.gpu (scaled down)",
                 _module("bench.gpu --models sd15 --images 1 --steps 1"),
                 300,
@@ -183,12 +190,19 @@ def steps(dry_run: bool) -> list[Step]:
                 "bench.cold_start (tiny)", _module("bench.cold_start --models tiny --runs 1"), 200
             ),
         ]
-    # In order of what matters most; each limit is a cap, the budget cuts the last ones.
+    # In order of what matters most; each limit is a cap, the budget cuts the last ones
+    # (the quality tiers' rows, new, first; cold start and batching get what the steps
+    # before them leave of the budget, and one left no time is reported as not run).
     # The limits are what each step took on an NVIDIA H200 on 2026-11-28 (docs/performance.md),
     # plus a margin: the first plan (20 and 30 steps, both models compiled) ran out of time
     # in every GPU step. SDXL's compile (minutes) is left to `bench.gpu --compile` alone.
     return [
         Step("tests/gpu", _module(TESTS), 80),
+        Step(
+            "bench.quality: SD 1.5 512² and SDXL 1024², fp16, 20 steps, each tier vs exact",
+            _module("bench.quality --models sd15 sdxl --seeds 2 --steps 20"),
+            100,
+        ),
         Step(
             "bench.gpu: SD 1.5 512², fp16, 20 steps, eager and compiled",
             _module("bench.gpu --models sd15 --steps 20 --images 4 --compile"),

@@ -103,6 +103,7 @@ FIELDS = (
     "seed",
     "num_images",
     "scheduler",
+    "quality",
     "output_format",
     "priority",
     "cancel_after",
@@ -280,6 +281,11 @@ _request = _options(
     click.option(
         "--scheduler",
         help="default, ddim, euler, euler_a, dpm++, pndm, lms or lcm, as the model offers",
+    ),
+    click.option(
+        "--quality",
+        type=click.Choice(["exact", "balanced", "fast"]),
+        help="quality tier, as the model offers (default: the model's, exact)",
     ),
     click.option(
         "--format",

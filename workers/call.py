@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from app.kinds import JobKind, JobRequest, kind_of
 from app.rules import SCHEDULERS
-from workers import denoise_state
+from workers import conditioning, denoise_state
 from workers.compiled import denoiser_for, denoiser_name, restore
 from workers.rows import cut_rows, cut_scheduler, row_inputs
+from workers.tiers import TierCall
 
 if TYPE_CHECKING:
     from workers.pipelines import LoadedModel
@@ -47,6 +48,8 @@ class Generation:
     scheduler: Any = None
     # The step it resumed from (a checkpoint's), or None: it ran from the first step.
     resumed_from: int | None = None
+    # Its quality tier and what the call applied of it (workers/tiers.py).
+    quality: dict[str, Any] | None = None
 
 
 class ResumeRefused(Exception):
@@ -192,6 +195,13 @@ def _call(
         raise ValueError("checkpoints are a single job's")
 
     kind = kind_of(jobs[0])
+    try:
+        tier = model.spec.tier(jobs[0].quality)
+    except KeyError:
+        raise ValueError(
+            f"model {model.spec.name!r} does not offer the quality tier {jobs[0].quality!r} "
+            f"(its catalog entry offers {', '.join(model.spec.quality)})"
+        ) from None
     key = kind.batch_key(jobs[0])
     if any(kind_of(job) is not kind or kind.batch_key(job) != key for job in jobs[1:]):
         raise ValueError(f"jobs in one call must share {', '.join(kind.batch_fields)}")
@@ -214,7 +224,12 @@ def _call(
         named = [(c.controlnet, controlnets[c.controlnet]) for c in jobs[0].controls]
         pipeline = kind_pipeline(model, kind, named)
         scheduler = pipeline.scheduler = job_scheduler(model, jobs[0].scheduler)
-        eager = denoiser_for(model, pipeline, jobs[0].width, jobs[0].height)
+        tiered = TierCall(pipeline, tier, model.spec.family)
+        eager = (
+            denoiser_for(model, pipeline, jobs[0].width, jobs[0].height)
+            if tiered.compiled_ok
+            else None
+        )
         cuttable = row_inputs(pipeline)
         resume = _resumable(checkpoints)
         skipping = _skip_denoiser(pipeline) if resume is not None else None
@@ -237,6 +252,7 @@ def _call(
                     raise ResumeRefused(str(exc)) from exc
                 resumed_from.append(step)
                 checkpoints.resumed(step)
+            callback_kwargs = tiered.step(pipe, step, total, callback_kwargs, len(owner))
             leaving = []
             for index, still in enumerate(active):
                 if still and not on_step[index](step_index + 1, total):
@@ -266,12 +282,17 @@ def _call(
             return out
 
         try:
-            with torch.inference_mode():
+            encoded = conditioning.CACHE.around(
+                pipeline, f"{model.digest}:{model.spec.name}", (jobs[0].adapter_set,)
+            )
+            with torch.inference_mode(), tiered, encoded:
                 output = pipeline(
                     **_fitted(pipeline, kind.call_arguments(jobs, prepared), jobs[0]),
                     generator=generators if len(generators) > 1 else generators[0],
                     callback_on_step_end=callback,
-                    callback_on_step_end_tensor_inputs=cuttable or ["latents"],
+                    callback_on_step_end_tensor_inputs=tiered.tensor_inputs(
+                        cuttable or ["latents"]
+                    ),
                 )
             if resume is not None and not resumed_from:  # its step never came
                 raise ResumeRefused(f"the call ended before step {resume.step}")
@@ -290,7 +311,8 @@ def _call(
         rows = [r for r, job in enumerate(owner) if job == index]
         made = kind.finish(jobs[index], [images[r] for r in rows], prepared[index])
         nsfw = [bool(flagged[r]) for r in rows]
-        results.append(Generation(made, nsfw, scheduler, (resumed_from or [None])[0]))
+        resumed = (resumed_from or [None])[0]
+        results.append(Generation(made, nsfw, scheduler, resumed, tiered.applied()))
     return results
 
 

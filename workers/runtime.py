@@ -22,6 +22,7 @@ from app.jobs.listener import Listener
 from app.jobs.notify import CANCEL_CHANNEL
 from app.jobs.transitions import YIELD_PREFIX
 from app.services import Services
+from workers import conditioning
 from workers.adapters import AdapterMemory
 from workers.devices import configure_cpu_threads, select_device
 from workers.footprint import device_budget, estimate_bytes
@@ -283,6 +284,7 @@ def build_runtime(parent: Services, queues: list[str]) -> WorkerRuntime:
     warmed (or the first DIFFQ_WORKER_MAX_MODELS, the others when a job needs them:
     workers/models.py). Raises ModelLoadError on the first model that fails."""
     settings, catalog = parent.settings, parent.catalog
+    conditioning.CACHE.limit = settings.worker_conditioning_bytes
     device = select_device(settings.device)
     if device == "cpu":
         configure_cpu_threads()

@@ -48,6 +48,7 @@ def store(
         "manifest": {
             **job_manifest(model.manifest or {}, output.scheduler, request),
             **(member.checkpoints.manifest() if member.checkpoints else {}),
+            **({"quality": output.quality} if output.quality else {}),
         },
         # The cache key from the weights this worker ran, not the ones the API assumed.
         "cache_key": cache_key(model.digest, request) if job.cache_key and model.digest else None,

@@ -256,6 +256,25 @@ class ResumeSchema(ma.Schema):
     )
 
 
+class QualityManifestSchema(ma.Schema):
+    tier = fields.String(metadata={"example": "fast"})
+    step_cache = fields.String(
+        metadata={"description": "The step cache it ran with (absent: none)."}
+    )
+    threshold = fields.Float(metadata={"description": "First Block Cache's threshold."})
+    interval = fields.Integer(metadata={"description": "TaylorSeer's full-pass interval."})
+    guidance_until = fields.Float(
+        metadata={
+            "description": "Guidance was cut after this fraction of the steps (absent: "
+            "not cut: the tier sets no cut, or the pipeline or the job's guidance left none).",
+            "example": 0.5,
+        }
+    )
+    guided_steps = fields.Integer(
+        metadata={"description": "The steps run with guidance before the cut.", "example": 4}
+    )
+
+
 class ManifestSchema(ma.Schema):
     model = fields.String()
     model_sha256 = fields.String(
@@ -306,6 +325,10 @@ class ManifestSchema(ma.Schema):
             "back before the broker's consumer_timeout), in order; absent: it ran from "
             "its first step. The images are the bytes an uninterrupted run makes."
         },
+    )
+    quality = fields.Nested(
+        QualityManifestSchema,
+        metadata={"description": "The quality tier it ran at and what the call applied."},
     )
     resume_note = fields.String(
         metadata={

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from app.controls import CONTROL_WORK, Control, control_set, input_field, preprocessed
+from app.quality import DEFAULT_TIER
 from app.rules import MAX_SEED
 
 if TYPE_CHECKING:
@@ -81,6 +82,8 @@ class JobRequest:
     # ControlNet conditioning (app/controls.py), in the order given; the image kinds
     # take it (`controls` in the API).
     controls: tuple[Control, ...] = ()
+    # The quality tier it runs at (app/quality.py): `exact`, `balanced` or `fast`.
+    quality: str = DEFAULT_TIER
 
     # Inputs that do not change the images (left out of the cache key).
     NOT_IN_CACHE_KEY: ClassVar[tuple[str, ...]] = ("priority",)
@@ -97,13 +100,15 @@ class JobRequest:
     def stored(self) -> dict[str, Any]:
         """The row's `input`: plain JSON, the kind's name included. `loras` and
         `controls` only where there are some, so a job without them stores (and keys the
-        cache) as before."""
+        cache) as before; `quality` likewise only where it is not `exact`."""
         stored = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for name in ("loras", "controls"):
             if stored[name]:
                 stored[name] = [item.stored() for item in stored[name]]
             else:
                 del stored[name]
+        if stored["quality"] == DEFAULT_TIER:
+            del stored["quality"]
         return stored
 
     @property
@@ -177,6 +182,7 @@ class JobKind:
         "scheduler",
         "adapter_set",
         "control_set",
+        "quality",
     )
     # The keyword the kind's ControlNet pipeline takes its control images by (the
     # image-to-image pipelines take the input image as `image`).
@@ -240,6 +246,7 @@ class JobKind:
             priority=data.get("priority", "normal"),
             loras=tuple(data.get("loras") or ()),
             controls=tuple(data.get("controls") or ()),
+            quality=data.get("quality") or spec.default_quality,
             **self.own_fields(spec, data),
         )
 

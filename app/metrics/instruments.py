@@ -109,6 +109,21 @@ ADAPTER_HITS = Counter(
     "or pipeline (already loaded in the model's pipeline)",
     ["level"],
 )
+CONDITIONING_HITS = Counter(
+    "diffq_conditioning_cache_hits",
+    "Prompt encodings a worker took from its conditioning cache, by model",
+    ["model"],
+)
+CONDITIONING_MISSES = Counter(
+    "diffq_conditioning_cache_misses",
+    "Prompt encodings a worker ran and kept, by model",
+    ["model"],
+)
+CONDITIONING_SECONDS_SAVED = Counter(
+    "diffq_conditioning_cache_saved_seconds",
+    "Encoding seconds the conditioning cache's hits saved (each entry's own encode time)",
+    ["model"],
+)
 ADAPTER_EVICTIONS = Counter(
     "diffq_adapter_evictions",
     "Adapters a worker let go of to make room, by where: memory or pipeline",

@@ -83,6 +83,25 @@ def test_submit_shows_progress_then_the_image_and_downloads_it(visit, worker, te
     visit.assert_clean()
 
 
+def test_the_quality_picker_offers_the_models_tiers_and_sends_the_one_chosen(
+    visit, worker, tenant_key
+):
+    page = visit.page
+    visit.sign_in(tenant_key)
+    expect(page.locator("#f-quality option")).to_have_count(3)
+    offered = page.eval_on_selector_all("#f-quality option", "options => options.map(o => o.value)")
+    assert offered == ["exact", "balanced", "fast"]
+    assert page.input_value("#f-quality") == "exact"  # the model's default
+    page.select_option("#f-quality", "fast")
+    _fill(page, prompt="a windmill", steps=4, seed=2)
+    page.click("#submit-job")
+    page.wait_for_selector("#job-images img")
+    job = _job(visit.base_url, tenant_key, _current_job_id(page))
+    assert job["input"]["quality"] == "fast"
+    assert job["result"]["manifest"]["quality"]["tier"] == "fast"
+    visit.assert_clean()
+
+
 def test_cancel_stops_a_running_job(visit, worker, tenant_key):
     page = visit.page
     visit.sign_in(tenant_key)

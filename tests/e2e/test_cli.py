@@ -66,12 +66,24 @@ def test_generate_shows_progress_and_saves_the_images(api_server, worker, tenant
 
 
 def test_jobs_commands_speak_json_for_scripts(api_server, worker, tenant_key):
-    submitted = diffq(api_server, tenant_key, "jobs", "submit", "a kite", "--steps", "2", "--json")
+    submitted = diffq(
+        api_server,
+        tenant_key,
+        "jobs",
+        "submit",
+        "a kite",
+        "--steps",
+        "2",
+        "--quality",
+        "fast",
+        "--json",
+    )
     assert submitted.returncode == 0, submitted.stderr
     job_id = json.loads(submitted.stdout)["id"]
 
     watched = diffq(api_server, tenant_key, "jobs", "watch", job_id, "--json")
     assert json.loads(watched.stdout)["status"] == "succeeded"
+    assert json.loads(watched.stdout)["result"]["manifest"]["quality"]["tier"] == "fast"
     got = json.loads(diffq(api_server, tenant_key, "jobs", "get", job_id, "--json").stdout)
     assert got["id"] == job_id and got["result"]["images"]
     listed = json.loads(diffq(api_server, tenant_key, "jobs", "list", "--json").stdout)

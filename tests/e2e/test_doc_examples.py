@@ -86,6 +86,7 @@ RUN = {
     ("README.md", "cat > prompts.jsonl <<'JSONL'"): "test_the_batch_quick_start",
     ("README.md", "diffq model build-tiny-lora"): "test_lora_adapters_curl",
     ("README.md", "CTRL=$(curl -s -X POST"): "test_controlnet_curl",
+    ("README.md", "# a job at the fast tier"): "test_quality_tier_curl",
     ("README.md", "from diffq.client import Client"): "test_the_python_clients_batch",
     ("docs/clients.md", "# diffq.client (blocking"): "test_the_python_client_beside_curl",
     ("README.md", "# a clip of 17 frames"): "test_the_video_curl",
@@ -526,6 +527,18 @@ def test_controlnet_curl(served, shell, tmp_path, stack):
     done = wait_terminal(served.api.url, served.key, job["id"])
     assert done["status"] == "succeeded", done
     assert done["result"]["manifest"]["controls"] == job["input"]["controls"]
+
+
+def test_quality_tier_curl(served, shell):
+    (command,) = commands(block("README.md", "# a job at the fast tier").text)
+    shell.run(f"KEY={served.key}")
+    code, out, err = shell.run(fill(command, served.api, served.key))
+    assert code == 0, (out, err)
+    job = json.loads(out)
+    assert job["input"]["quality"] == "fast", job
+    done = wait_terminal(served.api.url, served.key, job["id"])
+    assert done["status"] == "succeeded", done
+    assert done["result"]["manifest"]["quality"]["tier"] == "fast"
 
 
 def test_the_batch_quick_start(served, shell, tmp_path):

@@ -32,6 +32,8 @@ OPTIONS = {
     "no seed": {"seed": None},
     "kind named": {"kind": "txt2img"},
     "model named": {"model": "tiny"},
+    "quality balanced": {"quality": "balanced"},
+    "quality fast": {"quality": "fast"},
 }
 
 

@@ -139,6 +139,11 @@ def test_metrics_count_exactly_what_happened(ops, tenant_key):
     key = ("diffq_jobs_finished_total", tuple(sorted(never.items())))
     assert worker_before.get(key) == 0
     ok = [submit(ops.api.url, tenant_key, prompt=f"ops-ok-{i}", steps=3)["id"] for i in range(5)]
+    # One prompt twice (two seeds): the second's encoding comes from the conditioning cache.
+    ok += [
+        submit(ops.api.url, tenant_key, prompt="ops-same", steps=3, seed=seed)["id"]
+        for seed in (1, 2)
+    ]
     for job_id in ok:
         assert wait_terminal(ops.api.url, tenant_key, job_id)["status"] == "succeeded"
     failed = _dead_lettered(ops, tenant_key, 2)
@@ -150,7 +155,7 @@ def test_metrics_count_exactly_what_happened(ops, tenant_key):
         return _value(after, name, **labels) - _value(before, name, **labels)
 
     finished = "diffq_jobs_finished_total"
-    assert delta(worker_before, worker_after, finished, model="tiny", status="succeeded") == 5
+    assert delta(worker_before, worker_after, finished, model="tiny", status="succeeded") == len(ok)
     assert (
         delta(
             worker_before,
@@ -164,14 +169,22 @@ def test_metrics_count_exactly_what_happened(ops, tenant_key):
     )
     assert delta(worker_before, worker_after, finished, status="failed") == 2
     generations = "diffq_generation_duration_seconds_count"
-    assert delta(worker_before, worker_after, generations, model="tiny", steps="3") == 5
-    assert delta(worker_before, worker_after, "diffq_step_duration_seconds_count") == 5
+    assert delta(worker_before, worker_after, generations, model="tiny", steps="3") == len(ok)
+    assert delta(worker_before, worker_after, "diffq_step_duration_seconds_count") == len(ok)
+    hits = "diffq_conditioning_cache_hits_total"
+    assert delta(worker_before, worker_after, hits, model="tiny") == 1
+    misses = "diffq_conditioning_cache_misses_total"
+    assert delta(worker_before, worker_after, misses, model="tiny") == len(ok) - 1 + len(failed)
+    saved = "diffq_conditioning_cache_saved_seconds_total"
+    assert delta(worker_before, worker_after, saved, model="tiny") > 0
     assert delta(worker_before, worker_after, "diffq_worker_busy_seconds_total") > 0
-    assert delta(api_before, api_after, "diffq_jobs_submitted_total", model="tiny") == 7
+    submitted = len(ok) + len(failed)
+    assert delta(api_before, api_after, "diffq_jobs_submitted_total", model="tiny") == submitted
     posts = dict(route="/v1/jobs", method="POST", status="202")
-    assert delta(api_before, api_after, "diffq_http_requests_total", **posts) == 7
+    assert delta(api_before, api_after, "diffq_http_requests_total", **posts) == submitted
     latency = dict(route="/v1/jobs", method="POST")
-    assert delta(api_before, api_after, "diffq_http_request_duration_seconds_count", **latency) == 7
+    durations = "diffq_http_request_duration_seconds_count"
+    assert delta(api_before, api_after, durations, **latency) == submitted
     # Read from RabbitMQ at scrape time (cached 5 s): the two failures wait in the DLQ.
     api_after = wait_until(
         lambda: (

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.gpu_check import steps
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -26,13 +28,14 @@ def test_the_dry_run_runs_every_step_and_writes_one_report(tmp_path):
     text = report.read_text()
     assert text.startswith("# diffq GPU check (dry run: CPU, scaled down)")
     rows = [line for line in text.splitlines() if line.startswith("| ") and "seconds" not in line]
-    assert len(rows) == 5, rows
+    assert len(rows) == len(steps(dry_run=True)), rows
     for row in rows:
         assert "| passed |" in row or "| skipped" in row, row
     # Each step's own table made it into the report.
     for heading in (
         "no CUDA device visible to torch",  # tests/gpu: skipped, with the reason
         "through diffq",  # bench.gpu
+        "Quality tiers on cpu",  # bench.quality
         "GPU duty over 3 jobs",  # bench.duty
         "one call per batch size",  # bench.batching
         "Cold start, process start to first job ready",  # bench.cold_start
@@ -52,14 +55,18 @@ def test_prepare_ships_what_the_gpu_image_lacks_and_nothing_it_has():
     assert ".gpu-wheels/" in ignored and ".gpu-site/" in ignored
 
 
-def test_the_gpu_plan_runs_every_check_within_one_ten_minute_command():
-    from bench.gpu_check import steps
-
+def test_the_gpu_plan_runs_the_new_rows_first_within_one_ten_minute_command():
+    """The quality tiers' rows come right after the GPU tests; those and the bench.gpu
+    rows fit the budget at their whole limits (540 s, + install: under 600 s); the
+    budget's remainder goes to the steps after them, and one it leaves no time for is
+    reported as not run."""
     plan = steps(dry_run=False)
     commands = [" ".join(step.args[2:]) for step in plan]
-    assert sum(s.limit for s in plan if not s.beside) <= 540  # + install, under 600 s
+    on_gpu = [s.limit for s in plan if not s.beside]
+    assert sum(on_gpu[:4]) <= 540
     assert all(s.limit <= 540 for s in plan if s.beside)
     assert commands[0].endswith("tests/gpu")
+    assert commands[1].startswith("bench.quality --models sd15 sdxl")
     for model in ("sd15", "sdxl"):
         [bench] = [c for c in commands if c.startswith(f"bench.gpu --models {model}")]
         assert "--steps 20" in bench

@@ -14,6 +14,7 @@ from app.jobs.changes import EVENT_TYPES
 from app.jobs.states import JobStatus, Priority
 from app.jobs.view import JobSchema
 from app.kinds import DEFAULT_KIND, KINDS
+from app.quality import TIERS
 from app.rules import MAX_SEED, OUTPUT_FORMATS, SCHEDULERS, model_limit_errors
 from app.uploads import InputRefused
 from app.web.inputs import resolve as resolve_input
@@ -157,6 +158,17 @@ class _JobCreateFields(RefusesNul, ma.Schema):
     )
     scheduler = fields.String(
         metadata={"description": f"One of the model's schedulers: {', '.join(SCHEDULERS)}."}
+    )
+    quality = fields.String(
+        validate=validate.OneOf(TIERS),
+        metadata={
+            "description": "The quality tier: `exact` (the model as loaded; the only tier "
+            "replayed byte for byte), `balanced` or `fast` (a step cache and guidance "
+            "skipped on late steps, as the model's tier table sets: `GET /v1/models`). One "
+            "of the model's tiers; default: the model's `default_quality`. Part of the "
+            "cache key and the manifest.",
+            "example": "balanced",
+        },
     )
     output_format = fields.String(
         load_default="png",

@@ -65,6 +65,10 @@ def _view(spec: ModelSpec, default: str, paused: dict[str, pauses.Pause]) -> dic
         )
         if spec.control_limit
         else [],
+        "quality": {
+            "default": spec.default_quality,
+            "tiers": {tier.name: tier.settings() for tier in spec.tiers},
+        },
         "paused": pause.as_dict() if pause else None,
     }
 

@@ -71,6 +71,28 @@ class PauseRequestSchema(ma.Schema):
     )
 
 
+class QualitySchema(ma.Schema):
+    default = fields.String(
+        metadata={"description": "The tier of a job that names none.", "example": "exact"}
+    )
+    tiers = fields.Dict(
+        keys=fields.String(),
+        values=fields.Dict(),
+        metadata={
+            "description": "The tiers a job's `quality` may name, each with what it sets: "
+            "`step_cache` (`first_block` with its `threshold`, or `taylorseer` with its "
+            "`interval`) and `guidance_until` (the fraction of the steps run with "
+            "classifier-free guidance; absent: every step). `exact` sets nothing: the model as "
+            "loaded.",
+            "example": {
+                "exact": {},
+                "balanced": {"guidance_until": 0.8},
+                "fast": {"guidance_until": 0.5},
+            },
+        },
+    )
+
+
 class ModelSchema(ma.Schema):
     name = fields.String(metadata={"description": "The value of a job's `model`."})
     default = fields.Boolean(metadata={"description": "Used when a job names no model."})
@@ -174,6 +196,10 @@ class ModelSchema(ma.Schema):
             "in `controls` by `controlnet`.",
             "example": ["canny"],
         },
+    )
+    quality = fields.Nested(
+        QualitySchema,
+        metadata={"description": "Its quality tiers (a job's `quality`) and their settings."},
     )
     paused = fields.Nested(
         PauseSchema,

@@ -21,6 +21,7 @@ from werkzeug.exceptions import HTTPException
 from app import uploads
 from app.jobs.states import JobStatus
 from app.jobs.view import image_url
+from app.quality import openai_tier
 from app.uploads import InputRefused
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
@@ -182,6 +183,9 @@ def _job_request(body: dict[str, Any], **fields: Any) -> dict[str, Any]:
     for name in ("seed", "steps", "negative_prompt", "guidance_scale", "strength"):
         if name in body:
             job[name] = body[name]
+    spec = services().catalog.get(job.get("model"))
+    if body.get("quality") and spec is not None:
+        job["quality"] = openai_tier(body["quality"], spec.quality, spec.default_quality)
     return loaded_job(job, FIELD_NAMES)
 
 

@@ -52,7 +52,13 @@ class ImagesGenerateSchema(ma.Schema):
     )
     quality = fields.String(
         validate=validate.Length(max=20),
-        metadata={"description": "Accepted for compatibility and ignored (use `steps`)."},
+        metadata={
+            "description": "Mapped onto the model's quality tiers (diffq's `quality`): "
+            "`low` to `fast`, `medium` to `balanced`, `high` and `hd` to `exact`, "
+            "`standard` and `auto` to the model's default; a tier the model does not offer "
+            "gives its default.",
+            "example": "medium",
+        },
     )
     style = fields.String(
         validate=validate.Length(max=20),

@@ -9,7 +9,7 @@ import {
 
 const FIELDS = [
   "prompt", "negative_prompt", "model", "width", "height",
-  "steps", "guidance_scale", "seed", "num_images", ...VIDEO_FIELDS,
+  "steps", "guidance_scale", "seed", "num_images", "quality", ...VIDEO_FIELDS,
 ];
 const NUMBERS = new Set([
   "width", "height", "steps", "guidance_scale", "seed", "num_images", ...VIDEO_FIELDS,
@@ -19,6 +19,7 @@ const NUMBERS = new Set([
 const ERROR_FIELDS = [
   "prompt", "negative_prompt", "model", "kind", ...VIDEO_FIELDS, "image", "mask", "mask_blur",
   "masked_only", "strength", "width", "height", "steps", "guidance_scale", "seed", "num_images",
+  "quality",
 ];
 export const KIND_NAMES = {
   txt2img: "text to image", img2img: "image to image", inpaint: "inpainting",
@@ -106,6 +107,7 @@ function applyLimits(model, fillDefaults) {
   offerAdapters(model);
   offerControls(model, !isVideo(kind()));
   sizeHint();
+  offerTiers(model, fillDefaults);
   setText("hint-steps", `1 to ${limits.max_steps}`);
   setText("hint-guidance_scale", `0 to ${limits.max_guidance}`);
   setText("hint-num_images", `1 to ${limits.max_num_images}`);
@@ -113,6 +115,20 @@ function applyLimits(model, fillDefaults) {
 }
 
 // The output size an input of width x height gives on `model` when the request names none:
+// The model's quality tiers (GET /v1/models `quality`), its default chosen unless the one
+// chosen is offered too.
+function offerTiers(model, fillDefaults) {
+  const select = input("quality");
+  const quality = model.quality || { default: "exact", tiers: { exact: {} } };
+  const kept = select.value;
+  select.replaceChildren(...Object.keys(quality.tiers).map((name) => {
+    const option = document.createElement("option");
+    option.value = option.textContent = name;
+    return option;
+  }));
+  select.value = !fillDefaults && kept in quality.tiers ? kept : quality.default;
+}
+
 // app/kinds/images.py's fit_size (the same shape, scaled down into the model's limits).
 export function fitSize(model, width, height) {
   const limits = model.limits;

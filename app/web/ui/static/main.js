@@ -138,7 +138,8 @@ async function openJob(id) {
 // The job's own normalized input, so fields the form lacks (scheduler, format) carry over.
 const REPEATED = [
   "kind", "prompt", "negative_prompt", "model", "width", "height", "steps", "guidance_scale",
-  "seed", "num_images", "scheduler", "output_format", "strength", "mask_blur", "masked_only",
+  "seed", "num_images", "scheduler", "quality", "output_format", "strength", "mask_blur",
+  "masked_only",
   "masked_padding", "num_frames", "fps",
 ];
 // The job's input names its images by digest; a request names them by upload id.
