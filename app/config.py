@@ -187,6 +187,9 @@ class Settings:
     log_level: str
     log_format: str  # "text" or "json"
     metrics_dir: Path  # prometheus_client multiprocess files, one folder per process tree
+    # torch.compile's kernels kept between worker starts (workers/compiled.py): inductor's
+    # cache (TORCHINDUCTOR_CACHE_DIR) unless the environment names its own.
+    compile_cache: Path
     worker_metrics_port: int  # 0: a worker serves no /metrics
     relay_metrics_port: int  # 0: the relay serves no /metrics (on worker_metrics_host)
     worker_metrics_host: str
@@ -402,6 +405,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log_level=env.get("DIFFQ_LOG_LEVEL") or "INFO",
         log_format=_choice(env, "DIFFQ_LOG_FORMAT", ("text", "json")),
         metrics_dir=Path(env.get("DIFFQ_METRICS_DIR") or home / "metrics").expanduser(),
+        compile_cache=Path(env.get("DIFFQ_COMPILE_CACHE") or home / "compile-cache").expanduser(),
         worker_metrics_port=_int(env, "DIFFQ_WORKER_METRICS_PORT", 9808),
         relay_metrics_port=_int(env, "DIFFQ_RELAY_METRICS_PORT", 9809),
         worker_metrics_host=env.get("DIFFQ_WORKER_METRICS_HOST") or "127.0.0.1",

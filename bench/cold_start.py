@@ -1,6 +1,7 @@
 """Cold start: from a worker process's start to the moment its first job can start.
 
     .venv/bin/python -m bench.cold_start [--models tiny tiny-sd3 tiny-flux sd15 sdxl] [--runs 3]
+                                         [--compile]
 
 Each run is a fresh Python process doing what a GPU worker's pool process does before
 its first job (workers/runtime.py `build_runtime`): import torch, diffusers and the
@@ -17,6 +18,11 @@ and `sdxl` are bench/gpu.py's architecture-true SD 1.5 and SDXL with random weig
 size and fp16 on a CUDA GPU, where SDXL's goal is 20 s from local disk; widths / 10 on a
 CPU). The worker records load, device and warm-up of every
 model it serves as `diffq_worker_model_start_seconds{model,phase}`.
+
+`--compile`: each model also has a compile tier (its default size, inductor), so the
+warm-up compiles it; the first run starts with an empty compile cache
+(DIFFQ_COMPILE_CACHE, workers/compiled.py `use_compile_cache`), the later runs with what the
+earlier ones kept: a worker's first start against its next ones.
 """
 
 from __future__ import annotations
@@ -50,6 +56,12 @@ def _child(path: str, family: str, device: str, dtype: str, spawned: float) -> N
     spec = replace(spec, family=family, schedulers=("default",), dtype=dtype)
     if family != "sd":
         spec = replace(spec, size_multiple=16)
+    if os.environ.get("DIFFQ_COMPILE_CACHE"):
+        from workers.compiled import use_compile_cache
+
+        use_compile_cache(Path(os.environ["DIFFQ_COMPILE_CACHE"]))
+        size = f"{spec.default_width}x{spec.default_height}"
+        spec = replace(spec, compile_sizes=(size,), compile_backend="inductor")
     preimport_components(spec)  # as the worker's main process does before forking
     import diffusers.pipelines  # noqa: F401  (DiffusionPipeline's own import)
 
@@ -95,6 +107,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["tiny", "tiny-sd3", "tiny-flux"])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--compile", action="store_true", help="a compile tier, cache cold then kept"
+    )
     parser.add_argument("--child", nargs=5, metavar="ARG", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -111,6 +126,9 @@ def main() -> None:
         for name in args.models:
             path = _build(name, Path(tmp), gpu)
             dtype = "float16" if gpu and name in FULL_SIZE else "float32"
+            if args.compile:
+                env["DIFFQ_COMPILE_CACHE"] = str(Path(tmp) / f"compile-cache-{name}")
+                env.pop("TORCHINDUCTOR_CACHE_DIR", None)
             runs = []
             for _ in range(args.runs):
                 spawned = time.time()
@@ -118,11 +136,25 @@ def main() -> None:
                 command += [FAMILY[name], device, dtype, repr(spawned)]
                 out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
                 runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-            row = {"model": name, "device": device, "runs": len(runs)}
-            for phase in ("interpreter", "import", "load", "device", "warm-up", "other", "total"):
-                row[f"{phase} s"] = statistics.median(r[phase] for r in runs)
-            rows.append(row)
-            print(row, flush=True)
+            groups = [("", runs)]
+            if args.compile:  # the first start (empty cache) apart from the later ones
+                groups = [(" compiled, first start", runs[:1]), (" compiled, cache kept", runs[1:])]
+            for label, group in groups:
+                if not group:
+                    continue
+                row = {"model": name + label, "device": device, "runs": len(group)}
+                for phase in (
+                    "interpreter",
+                    "import",
+                    "load",
+                    "device",
+                    "warm-up",
+                    "other",
+                    "total",
+                ):
+                    row[f"{phase} s"] = statistics.median(r[phase] for r in group)
+                rows.append(row)
+                print(row, flush=True)
     print_table(
         f"Cold start, process start to first job ready (median of {args.runs} runs, {device})",
         rows,

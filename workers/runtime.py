@@ -24,6 +24,7 @@ from app.jobs.transitions import YIELD_PREFIX
 from app.services import Services
 from workers import conditioning
 from workers.adapters import AdapterMemory
+from workers.compiled import use_compile_cache
 from workers.devices import configure_cpu_threads, select_device
 from workers.footprint import device_budget, estimate_bytes
 from workers.models import ModelCache
@@ -289,6 +290,8 @@ def build_runtime(parent: Services, queues: list[str]) -> WorkerRuntime:
     if device == "cpu":
         configure_cpu_threads()
     served = {name: catalog.models[name] for name in served_models(catalog, queues)}
+    if any(spec.compile_sizes for spec in served.values()):
+        use_compile_cache(settings.compile_cache)
     capacity = settings.worker_max_models
 
     def load(spec) -> LoadedModel:

@@ -64,3 +64,26 @@ def test_the_catalog_checks_the_compile_sizes(tmp_path):
         _spec_from_table("m", {**table, "compile_backend": "tensorrt"}, tmp_path)
     with pytest.raises(CatalogError, match="is not WIDTHxHEIGHT"):
         _spec_from_table("m", {**table, "compile_sizes": ["big"]}, tmp_path)
+
+
+def test_compiled_kernels_are_kept_under_the_home_unless_the_environment_names_a_place(
+    tmp_path, monkeypatch
+):
+    """inductor reads TORCHINDUCTOR_CACHE_DIR when it compiles: the worker points it at
+    DIFFQ_COMPILE_CACHE, so its next start reads the kernels (bench/cold_start.py
+    --compile measures both starts), and leaves an operator's own choice alone."""
+    from workers.compiled import use_compile_cache
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    kept = tmp_path / "home" / "compile-cache"
+    assert use_compile_cache(kept) == str(kept)
+    assert kept.is_dir()
+    assert __import__("os").environ["TORCHINDUCTOR_CACHE_DIR"] == str(kept)
+
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    assert cache_dir() == str(kept)  # where inductor itself will write
+
+    theirs = tmp_path / "operator"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(theirs))
+    assert use_compile_cache(kept) == str(theirs) and theirs.is_dir()
