@@ -111,6 +111,10 @@ class ModelSpec:
     # (app/adapters.py), where the add-on family has them: how many one job may name.
     lora_family: str = ""
     max_loras: int = 4
+    # A compiled model's adapters are hot-swapped into slots padded to this rank, so a new
+    # adapter or scale does not recompile (workers/adapters.py); one of a higher rank
+    # loads anew, and recompiles.
+    lora_rank: int = 64
     # ControlNet conditioning (app/controls.py): how many controls one job may carry; a
     # model takes the catalog's ControlNets of its lora_family (none without one).
     max_controls: int = 2
@@ -373,6 +377,8 @@ class ModelSpec:
             )
         if not 0 <= self.max_loras <= 16:
             raise CatalogError(f"model {self.name!r}: max_loras must be in 0..16")
+        if not 1 <= self.lora_rank <= 256:
+            raise CatalogError(f"model {self.name!r}: lora_rank must be in 1..256")
         if not 0 <= self.max_controls <= 4:
             raise CatalogError(f"model {self.name!r}: max_controls must be in 0..4")
 

@@ -147,11 +147,23 @@ class PipelineAdapters:
     """The adapters loaded into one model's pipeline, by digest, in named slots (LRU),
     at most `capacity` of them and `max_bytes` of their tensors on the device (0: no
     bound in bytes; one adapter is always let in). Used under the model's lock
-    (workers/call.py)."""
+    (workers/call.py).
 
-    def __init__(self, slots: int, max_bytes: int = 0) -> None:
+    `fixed`: a compiled model's (workers/compiled.py): its slots, once made, are kept and
+    all of them stay active (the call's adapters at their scales, the others at 0), so
+    the graph torch.compile traced stays the graph: a new adapter is hot-swapped into a
+    slot the call does not use (diffusers' `enable_lora_hotswap` padded the slots to the
+    model's `lora_rank`), and each scale is a value written into the layers' scaling
+    tensors, never a Python float the graph would be specialized on (`set_adapters`
+    writes those): neither a swap nor a scale recompiles."""
+
+    def __init__(self, slots: int, max_bytes: int = 0, *, fixed: bool = False) -> None:
         self.capacity = max(1, slots)
         self.max_bytes = max_bytes
+        self.fixed = fixed
+        # Fixed slots: each slot's LoRA layers' scaling at weight 1 (the adapter's own
+        # alpha / rank), by slot name, as (the layer's scaling dict, that value).
+        self._bases: dict[str, list[tuple[dict, float]]] = {}
         self._slots: OrderedDict[str, str] = OrderedDict()  # digest -> adapter name
         self._sizes: dict[str, int] = {}  # digest -> bytes on the device
         self._made = 0
@@ -191,7 +203,43 @@ class PipelineAdapters:
                 name = self._load(pipeline, lora.sha256, tensors[lora.sha256], keep)
             names.append(name)
         pipeline.enable_lora()
+        if self.fixed:
+            self._scale_fixed(dict(zip(names, (lora.scale for lora in loras), strict=True)))
+            return
         pipeline.set_adapters(names, adapter_weights=[lora.scale for lora in loras])
+
+    def _scale_fixed(self, weights: dict[str, float]) -> None:
+        """Every slot's layers at its weight in this call (0: a slot the call does not
+        use), written into their scaling tensors in place."""
+        for name in self._slots.values():
+            weight = weights.get(name, 0.0)
+            for scaling, base in self._bases[name]:
+                scaling[name].fill_(base * weight)
+
+    def _fix_slots(self, pipeline: Any, name: str, made: bool) -> None:
+        """After `name` was loaded (`made`: into a new slot) or hot-swapped: its layers'
+        weight-1 scaling read; a new slot set active beside the others (`set_adapters`,
+        once), and every slot's scalings made tensors again."""
+        import torch
+
+        layers = [
+            module
+            for component in pipeline.components.values()
+            if isinstance(component, torch.nn.Module)
+            for module in component.modules()
+            if isinstance(getattr(module, "scaling", None), dict)
+        ]
+        self._bases[name] = [
+            (m.scaling, float(m.scaling[name])) for m in layers if name in m.scaling
+        ]
+        if not made:
+            return
+        for gone in set(self._bases) - set(self._slots.values()) - {name}:
+            del self._bases[gone]
+        pipeline.set_adapters(sorted(self._bases))  # each slot active, in one order
+        for slot, entries in self._bases.items():
+            for scaling, base in entries:
+                scaling[slot] = torch.tensor(base, device=pipeline.device)
 
     def _load(self, pipeline: Any, sha256: str, tensors: Mapping[str, Any], keep: set) -> str:
         started = time.perf_counter()
@@ -217,11 +265,14 @@ class PipelineAdapters:
                 pipeline.delete_adapters(name)
                 name = None
                 copy = _on_device(pipeline, tensors)
-        if name is None:
+        made = name is None
+        if made:
             self._made += 1
             name = f"diffq_{self._made}"
             pipeline.load_lora_weights(copy, adapter_name=name, low_cpu_mem_usage=True)
         self._slots[sha256] = name
+        if self.fixed:
+            self._fix_slots(pipeline, name, made)
         self._sizes[sha256] = size
         seconds = time.perf_counter() - started
         ADAPTER_LOADS.labels("memory").inc()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from app.kinds import JobKind, JobRequest, kind_of
+from app.metrics.instruments import COMPILED_GRAPHS
 from app.rules import SCHEDULERS
 from workers import conditioning, denoise_state
 from workers.compiled import denoiser_for, denoiser_name, restore
@@ -285,6 +286,7 @@ def _call(
             encoded = conditioning.CACHE.around(
                 pipeline, f"{model.digest}:{model.spec.name}", (jobs[0].adapter_set,)
             )
+            graphs = _graphs() if eager is not None else 0
             with torch.inference_mode(), tiered, encoded:
                 output = pipeline(
                     **_fitted(pipeline, kind.call_arguments(jobs, prepared), jobs[0]),
@@ -294,6 +296,8 @@ def _call(
                         cuttable or ["latents"]
                     ),
                 )
+            if eager is not None:  # a model with a compiled denoiser: what the call traced
+                COMPILED_GRAPHS.labels(model.spec.name).inc(_graphs() - graphs)
             if resume is not None and not resumed_from:  # its step never came
                 raise ResumeRefused(f"the call ended before step {resume.step}")
         finally:
@@ -314,6 +318,13 @@ def _call(
         resumed = (resumed_from or [None])[0]
         results.append(Generation(made, nsfw, scheduler, resumed, tiered.applied()))
     return results
+
+
+def _graphs() -> int:
+    """Graphs dynamo has traced in this process."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 def _resumable(checkpoints: Checkpointing | None) -> denoise_state.DenoiseState | None:

@@ -45,6 +45,11 @@ def compile_denoiser(model: LoadedModel) -> None:
     name = denoiser_name(model.pipeline)
     if not model.spec.compile_sizes or name is None:
         return
+    if model.spec.lora_limit:  # adapters hot-swapped into fixed slots: no recompile
+        from workers.adapters import PipelineAdapters
+
+        model.pipeline.enable_lora_hotswap(target_rank=model.spec.lora_rank)
+        model.adapters = PipelineAdapters(model.spec.lora_limit, fixed=True)
     denoiser = getattr(model.pipeline, name)
     model.compiled = torch.compile(denoiser, backend=model.spec.compile_backend)
 

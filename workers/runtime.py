@@ -241,6 +241,8 @@ class WorkerRuntime(Services):
 
 
 def _size_adapters(model: LoadedModel, settings) -> None:
+    if model.adapters.fixed:  # a compiled model's: as many slots as a job may name
+        return
     model.adapters.capacity = max(1, settings.adapter_slots)
     model.adapters.max_bytes = settings.adapter_device_bytes
 

@@ -109,6 +109,13 @@ ADAPTER_HITS = Counter(
     "or pipeline (already loaded in the model's pipeline)",
     ["level"],
 )
+COMPILED_GRAPHS = Counter(
+    "diffq_worker_compiled_graphs",
+    "Graphs torch.compile traced during a model's calls on its compiled denoiser: each "
+    "tier's at the warm-up, then a recompile (tens of seconds on a GPU) whenever a call "
+    "breaks a guard; a new LoRA adapter or scale hot-swapped into a compiled model is none",
+    ["model"],
+)
 CONDITIONING_HITS = Counter(
     "diffq_conditioning_cache_hits",
     "Prompt encodings a worker took from its conditioning cache, by model",
