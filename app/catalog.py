@@ -36,6 +36,21 @@ def hand_back_margin(consumer_timeout: float) -> float:
 
 DTYPES = ("float32", "float16", "bfloat16")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+# diffusers' attention backends a model may name (workers/attention.py), or "auto":
+# FlashAttention 3 on a GPU where its package is installed, else PyTorch's SDPA ("native").
+# The `_hub` backends are left out: they fetch kernels from the Hugging Face Hub.
+ATTENTION_BACKENDS = (
+    "auto",
+    "native",
+    "flash",
+    "_flash_3",
+    "sage",
+    "flex",
+    "_native_cudnn",
+    "_native_efficient",
+    "_native_flash",
+    "_native_math",
+)
 # Every scheduler a model may offer: app/rules.py's table (a test runs each on the worker).
 SCHEDULERS = SCHEDULER_NAMES
 
@@ -125,6 +140,10 @@ class ModelSpec:
     # torch.compile's backend: inductor (generated kernels); aot_eager and eager trace
     # without generating code (seconds instead of minutes: the CPU tests use them).
     compile_backend: str = "inductor"
+    # The attention kernels of a transformer whose attention goes through diffusers'
+    # dispatcher (FLUX, Wan, LTX-Video): one of ATTENTION_BACKENDS; "auto" picks
+    # FlashAttention 3 where it is installed on a GPU, else PyTorch's SDPA.
+    attention_backend: str = "auto"
     # Checkpoints (workers/checkpoints.py): a running job's denoising state is stored
     # every this many seconds, and when it is handed back (a shutdown, a spot notice), so
     # a job that dies resumes there; 0: never.
@@ -320,6 +339,20 @@ class ModelSpec:
         if self.compile_backend not in COMPILE_BACKENDS:
             raise CatalogError(
                 f"model {self.name!r}: compile_backend must be one of {COMPILE_BACKENDS}"
+            )
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise CatalogError(
+                f"model {self.name!r}: attention_backend must be one of {ATTENTION_BACKENDS} "
+                "(the Hub's kernel backends are not fetched)"
+            )
+        family = FAMILIES.get(self.family)
+        if self.attention_backend not in ("auto", "native") and not (
+            family and family.attention_dispatch
+        ):
+            raise CatalogError(
+                f"model {self.name!r}: attention_backend {self.attention_backend!r} needs a "
+                "transformer whose attention diffusers dispatches (FLUX, Wan, LTX-Video); a "
+                f"{self.family} model runs PyTorch's SDPA"
             )
 
     def _check_size_list(self) -> None:

@@ -66,6 +66,10 @@ class Family:
     # out), or "" (it cannot be).
     step_cache: bool = False
     guidance_cut: str = ""
+    # Its transformer's attention goes through diffusers' dispatcher, so a catalog's
+    # `attention_backend` (FlashAttention 3, SageAttention, …) applies to it; a UNet's and
+    # SD3's processors call PyTorch's SDPA themselves.
+    attention_dispatch: bool = False
 
     def pipeline_for(self, kind: str) -> str | None:
         return dict(self.pipelines).get(kind)
@@ -100,6 +104,7 @@ FAMILIES: dict[str, Family] = {
         ("Flux",),
         controlnet_class="FluxControlNetModel",
         step_cache=True,
+        attention_dispatch=True,
     ),
     "wan": Family(
         "wan",
@@ -114,6 +119,7 @@ FAMILIES: dict[str, Family] = {
         pipelines=(("txt2vid", "WanPipeline"), ("img2vid", "WanImageToVideoPipeline")),
         step_cache=True,
         guidance_cut="separate",
+        attention_dispatch=True,
     ),
     "ltx": Family(
         "ltx",
@@ -127,6 +133,7 @@ FAMILIES: dict[str, Family] = {
         kinds=("txt2vid", "img2vid"),
         pipelines=(("txt2vid", "LTXPipeline"), ("img2vid", "LTXImageToVideoPipeline")),
         step_cache=True,
+        attention_dispatch=True,
     ),
 }
 DEFAULT_FAMILY = "sd"

@@ -73,9 +73,16 @@ def _read_digest(folder: Path, files: list[Path]) -> str:
 
 
 def model_digest(
-    files_sha: str, *, vae_sha: str | None, dtype: str, variant: str | None, safety_checker: bool
+    files_sha: str,
+    *,
+    vae_sha: str | None,
+    dtype: str,
+    variant: str | None,
+    safety_checker: bool,
+    attention: str = "native",
 ) -> str:
-    """SHA-256 over everything a loaded model fixes that shapes its images."""
+    """SHA-256 over everything a loaded model fixes that shapes its images (an attention
+    backend other than PyTorch's SDPA too: its kernels round otherwise)."""
     fixed = {
         "files": files_sha,
         "vae": vae_sha,
@@ -83,6 +90,8 @@ def model_digest(
         "variant": variant,
         "safety_checker": safety_checker,
     }
+    if attention != "native":  # the digests of every model before backends, unchanged
+        fixed["attention"] = attention
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()
 
 
@@ -110,6 +119,7 @@ def model_manifest(
     *,
     variant: str | None = None,
     safety_checker: bool = False,
+    attention_backend: str = "native",
 ) -> dict[str, Any]:
     """The part of every manifest that a loaded model fixes. `digests`: `model` (the
     cache's key: `model_digest`), `weights` (the folder's files), `vae` (a separate
@@ -122,6 +132,7 @@ def model_manifest(
         "dtype": dtype,
         "variant": variant,
         "safety_checker": safety_checker,
+        "attention_backend": attention_backend,
         "device": device_name(device),
         "versions": {
             "diffq": package_version("diffq"),

@@ -15,6 +15,7 @@ from typing import Any
 from app.catalog import ModelSpec
 from app.families import FAMILIES, family_of_pipeline
 from workers.adapters import PipelineAdapters
+from workers.attention import AttentionRefused, apply_backend, resolved_backend
 from workers.compiled import compile_denoiser
 from workers.footprint import measured_bytes
 from workers.manifest import files_digest, model_digest, model_manifest
@@ -172,7 +173,9 @@ def model_identity(
     """The model's digest (what the result cache keys on) and the manifest fields it
     fixes, from its files and loading keys: known without loading it. `digest_cache`:
     where the folders' digests are kept between starts (workers/manifest.py)."""
-    dtype_name = str(resolve_dtype(spec, device)).removeprefix("torch.")
+    dtype = resolve_dtype(spec, device)
+    dtype_name = str(dtype).removeprefix("torch.")
+    backend = resolved_backend(spec, device, dtype)
     digests: dict[str, str | None] = {
         "weights": files_digest(spec.path, digest_cache),
         "vae": (files_digest(spec.vae_path, digest_cache) if spec.vae_path is not None else None),
@@ -183,6 +186,7 @@ def model_identity(
         dtype=dtype_name,
         variant=spec.variant,
         safety_checker=spec.safety_checker,
+        attention=backend,
     )
     manifest = model_manifest(
         spec.name,
@@ -191,6 +195,7 @@ def model_identity(
         device,
         variant=spec.variant,
         safety_checker=spec.safety_checker,
+        attention_backend=backend,
     )
     return digest, manifest
 
@@ -209,6 +214,13 @@ def load_model(spec: ModelSpec, device: str, digest_cache: Path | None = None) -
         pipeline = DiffusionPipeline.from_pretrained(str(spec.path), **load_options(spec, dtype))
         read = time.perf_counter()
         pipeline = pipeline.to(device)
+        backend = resolved_backend(spec, device, dtype)
+        apply_backend(pipeline, backend)
+    except AttentionRefused as exc:
+        raise ModelLoadError(
+            f"model {spec.name!r}: attention_backend {backend!r} cannot run on this worker "
+            f"({device}): {exc}"
+        ) from exc
     except ModelLoadError:
         raise
     except Exception as exc:

@@ -291,6 +291,13 @@ class ManifestSchema(ma.Schema):
     )
     variant = fields.String(allow_none=True, metadata={"example": "fp16"})
     safety_checker = fields.Boolean()
+    attention_backend = fields.String(
+        metadata={
+            "description": "The attention kernels the model ran (the catalog's "
+            "`attention_backend`, resolved): `native` is PyTorch's SDPA.",
+            "example": "native",
+        }
+    )
     kind = fields.String(metadata={"example": "img2img"})
     inputs = fields.Dict(
         keys=fields.String(),
