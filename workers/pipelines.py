@@ -19,6 +19,7 @@ from workers.attention import AttentionRefused, apply_backend, resolved_backend
 from workers.compiled import compile_denoiser
 from workers.footprint import measured_bytes
 from workers.manifest import files_digest, model_digest, model_manifest
+from workers.tiers import TierUnavailable, check_tiers
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +217,9 @@ def load_model(spec: ModelSpec, device: str, digest_cache: Path | None = None) -
         pipeline = pipeline.to(device)
         backend = resolved_backend(spec, device, dtype)
         apply_backend(pipeline, backend)
+        check_tiers(pipeline, spec.tiers)
+    except TierUnavailable as exc:
+        raise ModelLoadError(f"model {spec.name!r}: {exc}") from exc
     except AttentionRefused as exc:
         raise ModelLoadError(
             f"model {spec.name!r}: attention_backend {backend!r} cannot run on this worker "

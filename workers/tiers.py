@@ -19,6 +19,30 @@ from workers.compiled import denoiser_name
 from workers.rows import row_inputs
 
 
+class TierUnavailable(RuntimeError):
+    """A tier's step cache cannot be put on this model's denoiser."""
+
+
+def check_tiers(pipeline: Any, tiers: tuple[Tier, ...]) -> None:
+    """Each tier's step cache put on the denoiser and taken off again, once, when the
+    model loads: one that cannot be (a transformer of one block has no head and tail for
+    First Block Cache) stops the load rather than a job that asked for the tier."""
+    for tier in tiers:
+        if not tier.step_cache:
+            continue
+        call = TierCall(pipeline, tier, "")
+        if not call.caching:
+            raise TierUnavailable(f"tier {tier.name}: the denoiser takes no step cache")
+        try:
+            call.denoiser.enable_cache(call._cache_config())
+        except Exception as exc:
+            raise TierUnavailable(
+                f"tier {tier.name}: {tier.step_cache} cannot be put on this denoiser "
+                f"({type(exc).__name__}: {exc or 'too few transformer blocks'})"
+            ) from exc
+        call.denoiser.disable_cache()
+
+
 class TierCall:
     """One call's tier: `with` it around the pipeline call; `step` from its step
     callback, before anything else reads the tensors."""

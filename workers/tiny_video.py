@@ -155,7 +155,7 @@ def build_tiny_ltx(seed: int = 0):
         num_attention_heads=2,
         attention_head_dim=8,
         cross_attention_dim=16,
-        num_layers=1,
+        num_layers=2,  # two: a step cache (First Block Cache) needs a head and a tail
         caption_channels=T5_WIDTH,
     )
     # LTX-Video's scheduler_config.json: the shift grows with the sequence length

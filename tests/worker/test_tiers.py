@@ -184,3 +184,31 @@ def test_step_caches_skip_work_on_flux_and_come_off_after_the_call(flux, attenti
     assert _run(flux, "exact", kind).png == exact.png
     assert len(attention_runs) == full  # the cache's hooks are gone
     assert not flux.pipeline.transformer.is_cache_enabled
+
+
+def test_a_step_cache_the_denoiser_cannot_take_stops_the_load():
+    """First Block Cache needs a head block and a tail block: a transformer of one block
+    is refused when the model loads (workers/pipelines.py turns this into the
+    ModelLoadError that stops the worker), not when a job asks for the tier."""
+    from diffusers import LTXVideoTransformer3DModel
+
+    from app.quality import Tier
+    from workers.tiers import TierUnavailable, check_tiers
+
+    one_block = LTXVideoTransformer3DModel(
+        in_channels=4,
+        out_channels=4,
+        patch_size=1,
+        patch_size_t=1,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        cross_attention_dim=16,
+        num_layers=1,
+        caption_channels=16,
+    )
+    pipeline = SimpleNamespace(transformer=one_block)
+    fast = Tier("fast", step_cache="first_block", threshold=0.1)
+    with pytest.raises(TierUnavailable, match="tier fast: first_block cannot be put"):
+        check_tiers(pipeline, (Tier("exact"), fast))
+    check_tiers(pipeline, (Tier("exact"), Tier("fast", step_cache="taylorseer", interval=2)))
+    assert not one_block.is_cache_enabled

@@ -150,3 +150,30 @@ def test_the_catalog_refuses_what_a_video_model_cannot_run(models):
 def test_a_wan_model_listed_as_ltx_does_not_load(models):
     with pytest.raises(ModelLoadError, match=r'set family = "wan"'):
         load_model(_spec("w", models["wan"].spec.path, "ltx", min_size=32), "cpu")
+
+
+def _tier_cases():
+    for name, (family, _build, table) in VIDEO.items():
+        kinds = table.get("kinds") or (["txt2vid", "img2vid"] if family == "ltx" else ["txt2vid"])
+        for kind in kinds:
+            yield name, kind
+
+
+@pytest.mark.parametrize(("name", "kind"), list(_tier_cases()))
+def test_each_video_model_runs_every_quality_tier_it_offers(models, name, kind):
+    """A video model's tiers (app/quality.py: First Block Cache on the transformer; Wan's
+    fast tier also cuts its separate guidance pass) make a clip of the same shape, and
+    the manifest says what each applied."""
+    model = models[name]
+    made = {}
+    for tier in model.spec.quality:
+        request, inputs = _request(model, kind, steps=4, quality=tier, guidance_scale=5.0)
+        (output,) = generate(model, [request], on_step=[lambda *_: True], inputs=[inputs])
+        (clip,) = output.images
+        assert clip.shape == (9, 64, 64, 3) and np.isfinite(clip).all(), tier
+        made[tier] = output.quality
+    assert made["exact"] == {"tier": "exact"}
+    assert made["fast"]["step_cache"] == "first_block"
+    assert not model.pipeline.transformer.is_cache_enabled  # taken off after each call
+    if model.spec.family == "wan":
+        assert made["fast"]["guided_steps"] == 2  # 0.6 of 4 steps, then the conditional alone
