@@ -59,6 +59,9 @@ class Tier:
     threshold: float = 0.0  # first_block: the residual change under which blocks are skipped
     interval: int = 0  # taylorseer: a full pass every this many steps
     guidance_until: float = 1.0  # the fraction of steps run with guidance
+    # Its deviation from `exact` as the operator measured it on these weights
+    # (`bench.quality` prints the line), shown by GET /v1/models; not a setting.
+    psnr: float | None = None
 
     @property
     def exact(self) -> bool:
@@ -67,7 +70,7 @@ class Tier:
     def settings(self) -> dict[str, Any]:
         """What the tier sets (the API's `GET /v1/models` and the manifest)."""
         shown = asdict(self)
-        del shown["name"]
+        del shown["name"], shown["psnr"]
         if self.step_cache != "first_block":
             del shown["threshold"]
         if self.step_cache != "taylorseer":
@@ -98,6 +101,10 @@ class Tier:
             raise TierError(f"{self.name}: interval must be in 2..10 for taylorseer")
         if not 0 < self.guidance_until <= 1:
             raise TierError(f"{self.name}: guidance_until must be in (0, 1]")
+        if self.psnr is not None and not (
+            isinstance(self.psnr, int | float) and 0 < self.psnr <= 200
+        ):
+            raise TierError(f"{self.name}: psnr must be a measured dB value in (0, 200]")
         if self.guidance_until < 1 and not family.guidance_cut:
             raise TierError(
                 f"{self.name}: a {family.name} model's guidance cannot be cut on late steps "

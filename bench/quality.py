@@ -124,15 +124,17 @@ def measure(name: str, device: str, seeds: int, steps: int, sweep: list[float]) 
 
     model, size = _model(name, device)
     counts = _counters(model.pipeline)
-    tiers = list(model.spec.tiers)
+    tiers = [(tier.name, tier) for tier in model.spec.tiers]
     if sweep and model.spec.family in ("flux", "wan", "ltx"):
-        known = {t.threshold for t in tiers if t.step_cache == "first_block"}
+        known = {t.threshold for _, t in tiers if t.step_cache == "first_block"}
         tiers += [
-            Tier("fast", step_cache="first_block", threshold=t) for t in sweep if t not in known
+            ("sweep", Tier("fast", step_cache="first_block", threshold=t))
+            for t in sweep
+            if t not in known
         ]
     _run(model, size, "exact", 0, 1)  # warm: first-call allocations out of the timing
     exact_images, rows = [], []
-    for tier in tiers:
+    for label, tier in tiers:
         offered = (Tier("exact"),) if tier.name == "exact" else (Tier("exact"), tier)
         model.spec = replace(model.spec, tiers=offered)  # this tier's settings under its name
         counts.update(rows=0, attention=0)
@@ -148,7 +150,7 @@ def measure(name: str, device: str, seeds: int, steps: int, sweep: list[float]) 
         rows.append(
             {
                 "model": name,
-                "tier": tier.name,
+                "tier": label,
                 "settings": settings or "as loaded",
                 "denoiser rows": f"{counts['rows'] / base[0]:.2f}x",
                 "attention runs": f"{counts['attention'] / max(1, base[1]):.2f}x",
@@ -182,6 +184,11 @@ def main() -> None:
         rows,
         [*columns, "vs exact", "min PSNR dB"],
     )
+    print("\nFor the catalog (GET /v1/models shows each tier's psnr):")
+    for row in rows:
+        if row["tier"] not in ("exact", "sweep") and math.isfinite(row["min PSNR dB"]):
+            print(f"[models.{row['model']}.tiers.{row['tier']}]  # {row['settings']}")
+            print(f"psnr = {row['min PSNR dB']:.1f}")
 
 
 if __name__ == "__main__":

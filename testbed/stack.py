@@ -54,8 +54,13 @@ max_num_images = 2
 max_guidance = 12.0
 schedulers = ["default", "euler"]
 kinds = ["txt2img"]
+quality = ["exact", "fast"]
 soft_time_limit = 60
 time_limit = 90
+
+[models.tiny-b.tiers.fast]
+guidance_until = 0.75
+psnr = 41.5
 
 [models.tiny-video]
 path = "{tiny_video}"

@@ -27,6 +27,7 @@ def test_a_tier_runs_through_the_whole_path(served):
     tiny = next(m for m in models if m["name"] == "tiny")
     assert tiny["quality"]["default"] == "exact"
     assert tiny["quality"]["tiers"]["fast"] == {"guidance_until": 0.5}
+    assert tiny["quality"]["psnr"] == {}  # none measured in its catalog entry
 
     exact = submit(url, key, **BODY)
     fast = submit(url, key, **BODY, quality="fast")

@@ -43,6 +43,26 @@ def test_models_list_every_model_with_its_limits(client, tenant_key, flask_app):
         "tiny-b": (None, 0, []),
         "tiny-video": (None, 0, []),
     }
+    quality = {m["name"]: m["quality"] for m in body["data"]}
+    assert quality["tiny"]["tiers"] == {
+        "exact": {},
+        "balanced": {"guidance_until": 0.8},
+        "fast": {"guidance_until": 0.5},
+    }
+    assert quality["tiny-b"] == {
+        "default": "exact",
+        "tiers": {"exact": {}, "fast": {"guidance_until": 0.75}},
+        "psnr": {"fast": 41.5},  # as its catalog table declares it
+    }
+    refused = client.post(
+        "/v1/jobs",
+        json={"prompt": "x", "model": "tiny-b", "quality": "balanced"},
+        headers=auth(tenant_key),
+    )
+    assert refused.status_code == 422
+    assert refused.json["errors"]["json"]["quality"] == [
+        "Must be one of: exact, fast (the tiers model 'tiny-b' offers)."
+    ]
     video = {m["name"]: m["video"] for m in body["data"]}
     assert video["tiny"] is None
     assert video["tiny-video"] == {

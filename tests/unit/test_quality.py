@@ -26,7 +26,7 @@ def test_a_model_offers_its_familys_tiers_with_its_own_tables_over_them(tmp_path
         tmp_path,
         '[models.sdxl]\npath = "/m"\n'
         '[models.flux]\npath = "/f"\nfamily = "flux"\ndefault_quality = "balanced"\n'
-        '[models.flux.tiers.fast]\nstep_cache = "taylorseer"\ninterval = 3\n'
+        '[models.flux.tiers.fast]\nstep_cache = "taylorseer"\ninterval = 3\npsnr = 31.5\n'
         '[models.plain]\npath = "/p"\nquality = ["exact"]\n',
     )
     sdxl, flux, plain = (catalog.models[n] for n in ("sdxl", "flux", "plain"))
@@ -43,6 +43,8 @@ def test_a_model_offers_its_familys_tiers_with_its_own_tables_over_them(tmp_path
         "interval": 3,
     }
     assert flux.tier("exact").settings() == {}
+    # Measured by the operator (bench.quality), shown by GET /v1/models, not a setting.
+    assert flux.tier("fast").psnr == 31.5 and flux.tier("balanced").psnr is None
     assert plain.quality == ("exact",)
 
 
@@ -67,6 +69,7 @@ def test_a_model_offers_its_familys_tiers_with_its_own_tables_over_them(tmp_path
             "interval must be in",
         ),
         ('family = "flux"\n[models.m.tiers.fast]\nstep_cache = "magic"', "step_cache must be one"),
+        ("[models.m.tiers.fast]\npsnr = -3", "psnr must be a measured dB value"),
     ],
 )
 def test_tier_settings_a_model_cannot_run_are_refused_at_load(tmp_path, table, fragment):

@@ -68,6 +68,7 @@ def _view(spec: ModelSpec, default: str, paused: dict[str, pauses.Pause]) -> dic
         "quality": {
             "default": spec.default_quality,
             "tiers": {tier.name: tier.settings() for tier in spec.tiers},
+            "psnr": {t.name: t.psnr for t in spec.tiers if t.psnr is not None},
         },
         "paused": pause.as_dict() if pause else None,
     }

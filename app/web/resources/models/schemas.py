@@ -91,6 +91,17 @@ class QualitySchema(ma.Schema):
             },
         },
     )
+    psnr = fields.Dict(
+        keys=fields.String(),
+        values=fields.Float(),
+        metadata={
+            "description": "Each tier's deviation from `exact` on this model's weights, in "
+            "dB (higher: closer; identical images: none), as the operator measured it with "
+            "`bench.quality` and declared it in the tier's table; a tier not measured is "
+            "absent.",
+            "example": {"balanced": 34.2, "fast": 27.9},
+        },
+    )
 
 
 class ModelSchema(ma.Schema):
