@@ -30,6 +30,9 @@ EARLIER_DEFAULTS = {
     "scheduler": "default",
     "output_format": "png",
     "priority": "normal",
+    # Stored only where it is not `exact` (app/kinds/base.py `stored`): a row without it,
+    # of any version, ran at `exact`.
+    "quality": "exact",
 }
 
 

@@ -329,3 +329,30 @@ def test_a_job_with_controls_is_never_gathered_nor_gathers(db):
 
     assert gathered(plain_id) == {plain_id}  # a plain leader's batch takes plain jobs alone
     assert gathered(steered_id) == set()  # a control job's takes none, not even its like
+
+
+def test_jobs_of_one_quality_tier_gather_and_of_two_never_share_a_call(db):
+    """The tier is a batch field (a step cache or a guidance cut is the whole call's): an
+    `exact` job, stored without `quality`, gathers `exact` jobs alone, a `fast` one `fast`
+    ones alone (the stored row of an earlier version reads as `exact`)."""
+    from sqlalchemy import select
+
+    from workers.gather import compatible_sql
+
+    tenant = f"tiers-{uuid.uuid4().hex[:8]}"
+    exact = {_new_job(db, tenant, seed=s)[0] for s in (1, 2)}
+    fast = {_new_job(db, tenant, seed=s, quality="fast")[0] for s in (3, 4)}
+    mine = exact | fast
+    with db.session() as session:
+        stored = {j: session.get(Job, j).input for j in mine}
+    assert all("quality" not in stored[j] for j in exact)
+    assert all(stored[j]["quality"] == "fast" for j in fast)
+
+    def gathered(leader_id) -> set:
+        with db.session() as session:
+            leader = job_request(session.get(Job, leader_id))
+            rows = session.scalars(select(Job.id).where(compatible_sql("tiny", leader)))
+            return set(rows) & mine
+
+    assert gathered(next(iter(exact))) == exact
+    assert gathered(next(iter(fast))) == fast
