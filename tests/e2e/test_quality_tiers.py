@@ -29,6 +29,12 @@ def test_a_tier_runs_through_the_whole_path(served):
     assert tiny["quality"]["tiers"]["fast"] == {"guidance_until": 0.5}
     assert tiny["quality"]["psnr"] == {}  # none measured in its catalog entry
 
+    # A job run first: the worker records the model's digest before it takes any, and the
+    # API keys the result cache on it from then on (a job accepted before a fresh
+    # worker recorded it is not cached: `diffq up`'s first minute).
+    first = submit(url, key, **{**BODY, "seed": 12})
+    assert wait_terminal(url, key, first["id"], timeout=120)["status"] == "succeeded"
+
     exact = submit(url, key, **BODY)
     fast = submit(url, key, **BODY, quality="fast")
     exact, fast = (wait_terminal(url, key, j["id"], timeout=120) for j in (exact, fast))
