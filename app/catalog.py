@@ -6,8 +6,11 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from app.addons import ADDONS
+from app.addons.base import DeclarationError
+from app.addons.controlnet import ControlNetSpec
+from app.addons.lora import AdapterSpec
 from app.config import Settings
-from app.controls import ControlNetSpec
 from app.families import ADDON_FAMILIES, DEFAULT_FAMILY, FAMILIES
 from app.presets import PRESETS
 from app.quality import DEFAULT_TIER, Tier, TierError, model_tiers
@@ -123,14 +126,14 @@ class ModelSpec:
     # Add-on weights: the add-on family they must be of, by their layers' widths (one of
     # app/families.py ADDON_FAMILIES of the model's family: sd15, sd2, sdxl, tiny for
     # `sd`, flux and tiny-flux for `flux`; empty: the model takes none). LoRA adapters
-    # (app/adapters.py), where the add-on family has them: how many one job may name.
+    # (app/addons/lora/), where the add-on family has them: how many one job may name.
     lora_family: str = ""
     max_loras: int = 4
     # A compiled model's adapters are hot-swapped into slots padded to this rank, so a new
-    # adapter or scale does not recompile (workers/adapters.py); one of a higher rank
+    # adapter or scale does not recompile (app/addons/lora/worker.py); one of a higher rank
     # loads anew, and recompiles.
     lora_rank: int = 64
-    # ControlNet conditioning (app/controls.py): how many controls one job may carry; a
+    # ControlNet conditioning (app/addons/controlnet/): how many controls one job may carry; a
     # model takes the catalog's ControlNets of its lora_family (none without one).
     max_controls: int = 2
     # torch.compile (workers/compiled.py): the "WIDTHxHEIGHT" tiers whose jobs run on a
@@ -467,18 +470,6 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
-class AdapterSpec:
-    """A shared LoRA adapter (`[adapters.NAME]`): every tenant's jobs may name it. Its
-    file is read by the workers; `sha256` (computed when the file is readable where the
-    catalog loads, else given) goes into cache keys and manifests."""
-
-    name: str
-    path: Path
-    family: str
-    sha256: str
-
-
-@dataclass(frozen=True)
 class Catalog:
     models: dict[str, ModelSpec]
     default_model: str
@@ -623,41 +614,14 @@ def load_catalog(settings: Settings) -> Catalog:
     default = data.get("default_model") or next(iter(models))
     if default not in models:
         raise CatalogError(f"default_model {default!r} is not defined")
-    adapters = {
-        name: _adapter_from_table(name, t, base_dir)
-        for name, t in (data.get("adapters") or {}).items()
-    }
-    controlnets = {
-        name: ControlNetSpec(name, *_addon_table("controlnet", name, t, base_dir, ADDON_FAMILIES))
-        for name, t in (data.get("controlnets") or {}).items()
-    }
-    return Catalog(models=models, default_model=default, adapters=adapters, controlnets=controlnets)
-
-
-def _addon_table(what: str, name: str, table: dict, base_dir: Path, families, *extra: str) -> tuple:
-    """An add-on's table (`[adapters.NAME]`, `[controlnets.NAME]`): its `path` (relative
-    to the models file) and its `family`, one of `families` (app/families.py
-    ADDON_FAMILIES: those with LoRA adapters for an adapter); `extra` keys are allowed
-    too."""
-    unknown = set(table) - {"path", "family", *extra}
-    if unknown:
-        raise CatalogError(f"{what} {name!r}: unknown keys {sorted(unknown)}")
-    if "path" not in table or table.get("family") not in families:
-        raise CatalogError(
-            f"{what} {name!r}: path and family (one of {sorted(families)}) are required"
-        )
-    path = Path(table["path"]).expanduser()
-    return (path if path.is_absolute() else base_dir / path), table["family"]
-
-
-def _adapter_from_table(name: str, table: dict, base_dir: Path) -> AdapterSpec:
-    import hashlib
-
-    lora_families = [n for n, a in ADDON_FAMILIES.items() if a.loras]
-    path, family = _addon_table("adapter", name, table, base_dir, lora_families, "sha256")
-    sha256 = table.get("sha256")
-    if path.is_file():
-        sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
-    if not sha256:
-        raise CatalogError(f"adapter {name!r}: {path} is not readable here; give its sha256")
-    return AdapterSpec(name, path, family, sha256)
+    try:  # each add-on's shared ones, in its table (app/addons: `[adapters.NAME]`, …)
+        shared = {
+            addon.table: {
+                name: addon.declared(name, table, base_dir)
+                for name, table in (data.get(addon.table) or {}).items()
+            }
+            for addon in ADDONS.values()
+        }
+    except DeclarationError as exc:
+        raise CatalogError(str(exc)) from exc
+    return Catalog(models=models, default_model=default, **shared)

@@ -110,9 +110,9 @@ class Settings:
     input_max_pixels: int
     input_ttl: float
     data_uri_max_bytes: int
-    # LoRA adapters (app/adapters.py, workers/adapters.py): the largest upload; the bytes
-    # of adapters a worker keeps in CPU memory (LRU), and the bytes and count of those it
-    # keeps loaded in each model's pipeline, on its device (LRU).
+    # LoRA adapters (app/addons/lora/): the largest upload; the bytes of adapters a
+    # worker keeps in CPU memory (LRU), and the bytes and count of those it keeps loaded
+    # in each model's pipeline, on its device (LRU).
     adapter_max_bytes: int
     adapter_cache_bytes: int
     adapter_device_bytes: int
@@ -128,8 +128,11 @@ class Settings:
     # bytes their weights may take on its device (0: on a GPU, 70 % of its memory; on the
     # CPU, no bound). The served models that fit are loaded at start, others when needed.
     worker_max_models: int
-    # ControlNets a worker keeps loaded beside each model (workers/controls.py).
+    # ControlNets a worker keeps loaded beside each model (app/addons/controlnet/
+    # worker.py, LRU): at most so many, and so many bytes of their weights (one is
+    # always let in).
     worker_controlnets: int
+    worker_controlnet_bytes: int
     # Bytes of text-encoder outputs a worker keeps on its device (workers/conditioning.py;
     # 0: none kept).
     worker_conditioning_bytes: int
@@ -361,6 +364,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         warm_hold_seconds=_float(env, "DIFFQ_WARM_HOLD_SECONDS", 20.0),
         worker_max_models=_int(env, "DIFFQ_WORKER_MAX_MODELS", 0),
         worker_controlnets=_int(env, "DIFFQ_WORKER_CONTROLNETS", 4),
+        worker_controlnet_bytes=_int(env, "DIFFQ_WORKER_CONTROLNET_BYTES", 8 * 1024 * 1024 * 1024),
         worker_conditioning_bytes=_int(env, "DIFFQ_WORKER_CONDITIONING_BYTES", 256 * 1024**2),
         worker_model_bytes=_int(env, "DIFFQ_WORKER_MODEL_BYTES", 0),
         warm_share_slack=_float(env, "DIFFQ_WARM_SHARE_SLACK", 60.0),

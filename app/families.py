@@ -145,7 +145,7 @@ class AddonFamily:
 
     name: str
     model_family: str  # FAMILIES
-    loras: bool  # LoRA adapters of it are taken (app/adapters.py FAMILIES: their widths)
+    loras: bool  # LoRA adapters of it are taken (app/addons/lora/checks.py FAMILIES: their widths)
 
 
 ADDON_FAMILIES: dict[str, AddonFamily] = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from app.adapters import MAX_RANK
+from app.addons.lora.checks import MAX_RANK
 from app.services import root
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from app.addons import ADDONS
 from app.kinds import JobKind, JobRequest, kind_of
 from app.metrics.instruments import COMPILED_GRAPHS
 from app.rules import SCHEDULERS
@@ -97,37 +98,52 @@ def job_scheduler(model: LoadedModel, name: str) -> Any:
     return copy.deepcopy(template)
 
 
+def _ready(model: LoadedModel, kind: JobKind, job: JobRequest, addons: Mapping) -> Any:
+    """The kind's pipeline for a call with `job`'s add-ons, each made ready by its worker
+    half (app/addons): LoRA's adapters active in the model's pipeline, the pipeline
+    derived with ControlNet's modules."""
+    key: tuple[str, ...] = ()
+    keywords: dict[str, Any] = {}
+    for name, addon in ADDONS.items():
+        items, worker = getattr(job, name), addon.worker_half()
+        fetched = addons.get(name) or {}
+        worker.before_call(model, items, fetched)
+        key += worker.pipeline_key(items)
+        keywords.update(worker.derive(items, fetched))
+    return kind_pipeline(model, kind, key, keywords)
+
+
 def kind_pipeline(
-    model: LoadedModel, kind: JobKind, controlnets: Sequence[tuple[str, Any]] = ()
+    model: LoadedModel,
+    kind: JobKind,
+    key: tuple[str, ...] = (),
+    keywords: Mapping[str, Any] | None = None,
 ) -> Any:
-    """The kind's pipeline on the model's weights, derived once per model (and per
-    ControlNets, by name in the controls' order, one named twice counted twice:
-    workers/controls.py)."""
-    if not controlnets:
+    """The kind's pipeline on the model's weights, derived once per model, and per what
+    add-ons derive it with (`key`: the ControlNets' names in the controls' order, one
+    named twice counted twice; `keywords`: `from_pipe`'s, app/addons)."""
+    if not key:
         pipeline = model.kind_pipelines.get(kind.name)
         if pipeline is None:
             pipeline = model.kind_pipelines[kind.name] = _derive(
                 model.pipeline, kind.pipeline_for(model.spec.family)
             )
         return pipeline
-    key = (kind.name, *(name for name, _ in controlnets))
-    pipeline = model.kind_pipelines.get(key)
+    pipeline = model.kind_pipelines.get((kind.name, *key))
     if pipeline is None:
-        from workers.controls import derived_with
-
-        pipeline = model.kind_pipelines[key] = derived_with(
-            model.pipeline, kind.pipeline_for(model.spec.family), [m for _, m in controlnets]
+        pipeline = model.kind_pipelines[(kind.name, *key)] = _derive(
+            model.pipeline, kind.pipeline_for(model.spec.family), keywords or {}
         )
     return pipeline
 
 
-def _derive(base: Any, auto_class: str) -> Any:
+def _derive(base: Any, auto_class: str, keywords: Mapping[str, Any] | None = None) -> Any:
     import diffusers
 
     if not isinstance(base, diffusers.DiffusionPipeline):
         return base  # a stand-in for benchmarks and tests (workers/synthetic.py)
-    derived = getattr(diffusers, auto_class).from_pipe(base)
-    if type(derived) is type(base):
+    derived = getattr(diffusers, auto_class).from_pipe(base, **(keywords or {}))
+    if type(derived) is type(base) and not keywords:
         return base  # the loaded pipeline is already this kind's
     derived.set_progress_bar_config(disable=True)
     return derived
@@ -164,32 +180,28 @@ def generate(
     *,
     on_step: Sequence[Callable[[int, int], bool]],
     inputs: Sequence[Mapping[str, Any]] | None = None,
-    adapters: Mapping[str, Mapping[str, Any]] | None = None,
+    addons: Mapping[str, Mapping[str, Any]] | None = None,
     checkpoints: Checkpointing | None = None,
-    controlnets: Mapping[str, Any] | None = None,
 ) -> list[Generation | None]:
     """One Generation per job, in order; None for a job that left the call. `inputs`:
     each job's input images (PIL, by field: workers/inputs.py), for the kinds that start
     from one; the kind prepares them for the call and finishes its images with them.
-    `adapters`: the jobs' LoRA adapters' tensors by digest (workers/adapters.py); the
-    jobs share one adapter set (a batch field), made active for this call alone.
+    `addons`: what each add-on's worker half fetched for the jobs, by the add-on's field
+    (app/addons: the LoRA adapters' tensors by digest, the ControlNets' modules by
+    name); the jobs share one set of each (batch fields), made ready for this call alone.
     `checkpoints`: a single job's; the call saves its state at step boundaries when they
-    say so, and resumes from theirs (workers/denoise_state.py). `controlnets`: the
-    modules the jobs' controls name (workers/controls.py); the jobs share one control
-    set (a batch field).
+    say so, and resumes from theirs (workers/denoise_state.py).
 
     Raises Interrupted when every job has left (nothing is decoded).
     """
     try:
-        return _call(model, jobs, on_step, inputs, adapters, checkpoints, controlnets)
+        return _call(model, jobs, on_step, inputs, addons or {}, checkpoints)
     except ResumeRefused as exc:  # the saved state did not fit this call: run it afresh
         checkpoints.refused(str(exc))
-        return _call(model, jobs, on_step, inputs, adapters, checkpoints, controlnets)
+        return _call(model, jobs, on_step, inputs, addons or {}, checkpoints)
 
 
-def _call(
-    model, jobs, on_step, inputs, adapters, checkpoints, controlnets
-) -> list[Generation | None]:
+def _call(model, jobs, on_step, inputs, addons, checkpoints) -> list[Generation | None]:
     import torch
 
     if checkpoints is not None and len(jobs) > 1:
@@ -220,10 +232,7 @@ def _call(
     ]
 
     with model.lock:
-        if jobs[0].loras or model.adapters.loaded:
-            model.adapters.activate(model.pipeline, jobs[0].loras, adapters or {})
-        named = [(c.controlnet, controlnets[c.controlnet]) for c in jobs[0].controls]
-        pipeline = kind_pipeline(model, kind, named)
+        pipeline = _ready(model, kind, jobs[0], addons)
         scheduler = pipeline.scheduler = job_scheduler(model, jobs[0].scheduler)
         tiered = TierCall(pipeline, tier, model.spec.family)
         eager = (

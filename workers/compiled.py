@@ -46,7 +46,7 @@ def compile_denoiser(model: LoadedModel) -> None:
     if not model.spec.compile_sizes or name is None:
         return
     if model.spec.lora_limit:  # adapters hot-swapped into fixed slots: no recompile
-        from workers.adapters import PipelineAdapters
+        from app.addons.lora.worker import PipelineAdapters
 
         model.pipeline.enable_lora_hotswap(target_rank=model.spec.lora_rank)
         model.adapters = PipelineAdapters(model.spec.lora_limit, fixed=True)

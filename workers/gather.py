@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import and_, false, func
 
+from app.addons import BY_BATCH_FIELD
 from app.broker.payload import InvalidPayload, parse_payload
-from app.controls import STORED_KEY
 from app.db.models.jobs import Job
 from app.db.types import utcnow
 from app.jobs import fairness, transitions
@@ -178,12 +178,13 @@ def compatible_sql(model: str, request: JobRequest) -> Any:
     for name in kind_of(request).batch_fields:
         if name == "model":
             continue
-        if name == "adapter_set":  # a column of its own (app/db/models.py)
-            clauses.append(Job.adapter_set == request.adapter_set)
+        addon = BY_BATCH_FIELD.get(name)
+        if addon is not None and addon.column:  # a column of its own (adapter_set)
+            clauses.append(getattr(Job, name) == getattr(request, name))
             continue
-        if name == "control_set":  # a job with controls runs in a call of its own
-            none = Job.input[STORED_KEY].as_string().is_(None)
-            clauses.append(none if not request.controls else false())
+        if addon is not None:  # a job with some runs in a call of its own
+            none = Job.input[addon.field].as_string().is_(None)
+            clauses.append(none if not getattr(request, addon.field) else false())
             continue
         value = getattr(request, name)
         element = Job.input[name]

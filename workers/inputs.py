@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.kinds import JobRequest, kind_of
 from app.kinds.images import as_mask
-from app.storage import StorageError, StorageUnavailable
-from app.storage.retry import get_with_retry
+from app.storage.retry import get_kept
 from app.uploads import input_key
 
 if TYPE_CHECKING:
@@ -25,23 +24,11 @@ def load_inputs(rt: WorkerRuntime, tenant_id: Any, request: JobRequest) -> dict[
     as an upload does; raises InputMissing, or StorageUnavailable."""
     from PIL import Image
 
-    kind, settings = kind_of(request), rt.settings
+    kind = kind_of(request)
     loaded: dict[str, Any] = {}
     for field, digest in kind.inputs(request).items():
-        try:
-            data = get_with_retry(
-                rt.storage,
-                input_key(tenant_id, digest),
-                retries=settings.upload_retries,
-                backoff=settings.upload_backoff,
-                backoff_max=settings.upload_backoff_max,
-            )
-        except StorageUnavailable:
-            raise
-        except StorageError as exc:
-            if exc.transient:
-                raise
-            raise InputMissing(f"the input {field} ({digest[:12]}…) is no longer stored") from exc
+        gone = f"the input {field} ({digest[:12]}…) is no longer stored"
+        data = get_kept(rt.storage, input_key(tenant_id, digest), rt.settings, InputMissing(gone))
         image = Image.open(io.BytesIO(data))
         image.load()
         loaded[field] = as_mask(image) if field in kind.mask_fields else image

@@ -145,7 +145,9 @@ def model_manifest(
 
 def job_manifest(base: dict[str, Any], scheduler: Any, request: Any) -> dict[str, Any]:
     """A job's manifest: the model's part, its kind and input images' digests, the
-    scheduler it ran with, its seed, and its adapters and controls."""
+    scheduler it ran with, its seed, and its add-ons (app/addons: its adapters and
+    controls, as the row keeps them)."""
+    from app.addons import ADDONS
     from app.kinds import kind_of
 
     config = {k: v for k, v in dict(scheduler.config).items()}
@@ -155,8 +157,11 @@ def job_manifest(base: dict[str, Any], scheduler: Any, request: Any) -> dict[str
         "inputs": kind_of(request).inputs(request),
         "scheduler": {"class": type(scheduler).__name__, "config": _plain(config)},
         "seed": request.seed,
-        **({"loras": [lora.stored() for lora in request.loras]} if request.loras else {}),
-        **({"controls": [c.stored() for c in request.controls]} if request.controls else {}),
+        **{
+            name: addon.stored(getattr(request, name))
+            for name, addon in ADDONS.items()
+            if getattr(request, name)
+        },
     }
 
 

@@ -7,14 +7,14 @@ import json
 import logging
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.addons.base import ByteCache
+from app.addons.lora.worker import PipelineAdapters
 from app.catalog import ModelSpec
 from app.families import FAMILIES, family_of_pipeline
-from workers.adapters import PipelineAdapters
 from workers.attention import AttentionRefused, apply_backend, resolved_backend
 from workers.compiled import compile_denoiser
 from workers.footprint import measured_bytes
@@ -45,11 +45,12 @@ class LoadedModel:
     # pipeline derived from them. Entries that share weights share these too.
     lock: threading.Lock = field(default_factory=threading.Lock)
     kind_pipelines: dict[str, Any] = field(default_factory=dict)
-    # The LoRA adapters loaded into these weights (workers/adapters.py), shared likewise.
+    # The LoRA adapters loaded into these weights (app/addons/lora/worker.py), shared
+    # likewise.
     adapters: PipelineAdapters = field(default_factory=lambda: PipelineAdapters(8))
-    # The ControlNets loaded beside these weights, least recently used first
-    # (workers/controls.py); kind_pipelines keys (kind, *controlnets) for them.
-    controlnets: OrderedDict = field(default_factory=OrderedDict)
+    # The ControlNets loaded beside these weights, by name, bounded in bytes
+    # (app/addons/controlnet/worker.py); kind_pipelines keys (kind, *controlnets) for them.
+    controlnets: ByteCache = field(default_factory=lambda: ByteCache(0))
     # Each scheduler name's pristine instance, copied for every call (workers/call.py).
     schedulers: dict[str, Any] = field(default_factory=dict)
     # The denoiser wrapped in torch.compile, for the catalog's compile_sizes

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.exc import DataError, DBAPIError
 
+from app.addons import ADDONS
+from app.addons.base import AddonMissing
 from app.db.models.jobs import Job
 from app.jobs.states import ErrorCode
 from app.kinds import JobRequest, job_request
@@ -25,9 +27,7 @@ from app.logs import job_context
 from app.metrics.instruments import WORKER_BUSY
 from app.storage import StorageUnavailable
 from workers import call, record
-from workers.adapters import AdapterMissing
 from workers.checkpoints import JobCheckpoints, open_checkpoints, with_leaving
-from workers.controls import ControlNetMissing, controlnets_for
 from workers.inputs import InputMissing, load_inputs
 from workers.lease import LeaseKeeper
 from workers.oom import free_accelerator_memory, is_out_of_memory
@@ -55,8 +55,9 @@ class Member:
     lease: LeaseKeeper | None = None
     outcome: Outcome | None = None
     inputs: dict[str, Any] = field(default_factory=dict)  # its input images, loaded
-    adapters: dict[str, Any] = field(default_factory=dict)  # its adapters' tensors, by digest
-    controlnets: dict[str, Any] = field(default_factory=dict)  # its ControlNets, by name
+    # What each of its add-ons fetched, by the add-on's field (app/addons: its adapters'
+    # tensors by digest, its ControlNets by name).
+    addons: dict[str, dict[str, Any]] = field(default_factory=dict)
     checkpoints: JobCheckpoints | None = None  # a job running alone, where its model saves them
 
     def __post_init__(self) -> None:
@@ -98,20 +99,19 @@ def _start(rt: WorkerRuntime, member: Member) -> None:
 
 
 def _loaded(rt: WorkerRuntime, model: LoadedModel, member: Member) -> bool:
-    """Read the member's input images, adapters and ControlNets; a job whose inputs
+    """Read the member's input images and what its add-ons need; a job whose inputs
     cannot be read fails here."""
     job = member.job
     try:
         member.inputs = load_inputs(rt, job.tenant_id, member.request)
-        member.adapters = {
-            lora.sha256: rt.adapter_memory.tensors(rt, job.tenant_id, lora)
-            for lora in member.request.loras
+        member.addons = {
+            name: addon.worker_half().fetch(rt, model, job.tenant_id, getattr(member.request, name))
+            for name, addon in ADDONS.items()
         }
-        member.controlnets = controlnets_for(rt, model, member.request.controls)
-    except (InputMissing, AdapterMissing) as exc:
+    except InputMissing as exc:
         decide(member, record.fail(rt, job, ErrorCode.INVALID_INPUT, str(exc)))
-    except ControlNetMissing as exc:
-        decide(member, record.fail(rt, job, ErrorCode.MODEL_UNAVAILABLE, str(exc)))
+    except AddonMissing as exc:
+        decide(member, record.fail(rt, job, ErrorCode(exc.code), str(exc)))
     except StorageUnavailable as exc:
         decide(member, record.fail(rt, job, ErrorCode.STORAGE_UNAVAILABLE, str(exc)))
     return member.outcome is None
@@ -138,12 +138,13 @@ def _generate(rt: WorkerRuntime, model: LoadedModel, members: list[Member]) -> N
             [m.request for m in running],
             on_step=[with_leaving(m.reporter.step, m.checkpoints) for m in running],
             inputs=[m.inputs for m in running],
-            adapters={k: v for m in running for k, v in m.adapters.items()},
-            controlnets=running[0].controlnets,
+            addons={
+                name: {k: v for m in running for k, v in m.addons[name].items()} for name in ADDONS
+            },
             checkpoints=running[0].checkpoints,
         )
-        request = running[0].request
-        rt.adapter_memory.ran(request.loras, request.adapter_set)
+        for name, addon in ADDONS.items():  # LoRA's: a set this worker now holds
+            addon.worker_half().ran(rt, getattr(running[0].request, name))
     except call.Interrupted:
         outputs = [None] * len(running)
     except SoftTimeLimitExceeded:  # Celery's for this delivery, or its budget's

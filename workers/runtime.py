@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.addons.lora.worker import AdapterMemory
 from app.catalog import Catalog
 from app.jobs import residency
 from app.jobs.cache import record_model_digest
@@ -23,7 +24,6 @@ from app.jobs.notify import CANCEL_CHANNEL
 from app.jobs.transitions import YIELD_PREFIX
 from app.services import Services
 from workers import conditioning
-from workers.adapters import AdapterMemory
 from workers.compiled import use_compile_cache
 from workers.devices import configure_cpu_threads, select_device
 from workers.footprint import device_budget, estimate_bytes
@@ -74,7 +74,7 @@ class WorkerRuntime(Services):
         # When the delivery being run began (time.monotonic(), set by workers/execute.py):
         # the broker's consumer_timeout and the Celery time limits count from it.
         self.delivery_started = time.monotonic()
-        # LoRA adapters held in CPU memory (workers/adapters.py); each model's pipeline
+        # LoRA adapters held in CPU memory (app/addons/lora/worker.py); each model's pipeline
         # keeps its own loaded ones.
         self.adapter_memory = AdapterMemory(settings.adapter_cache_bytes)
         for model in models.values():  # in order: the least recent stays least recent

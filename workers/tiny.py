@@ -187,7 +187,7 @@ def save_tiny_lora(
     """Write `build_tiny_lora`'s adapter to `path` (`diffq model build-tiny-lora`), checked
     first as `POST /v1/adapters` checks it for a `lora_family = "tiny"` model; return the
     path and that check (`CheckedAdapter`). A reader never sees half a file."""
-    from app.adapters import FAMILIES, check
+    from app.addons.lora.checks import FAMILIES, check
 
     data = build_tiny_lora(seed, rank=rank, text_encoder=text_encoder)
     checked = check(data, FAMILIES["tiny"], field="file", max_bytes=len(data))

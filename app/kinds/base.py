@@ -10,14 +10,14 @@ stored row (`request_from_stored`), and read by attribute everywhere after. The 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from app.controls import CONTROL_WORK, Control, control_set, input_field, preprocessed
+from app.addons import ADDONS
+from app.addons.controlnet import CONTROLNET, Control
+from app.addons.lora import LORA, Lora
 from app.quality import DEFAULT_TIER
 from app.rules import MAX_SEED
 
@@ -29,32 +29,6 @@ if TYPE_CHECKING:
 # One unit of work in the estimate: one denoising step of one 512 x 512 image (with a VAE
 # that downsamples by 8, as every Stable Diffusion VAE does, the work grows with pixels).
 REFERENCE_PIXELS = 512 * 512
-# What one LoRA adapter adds to a job's work in the estimate (its low-rank products on
-# every adapted layer, unfused): a tenth per adapter.
-LORA_WORK = 0.1
-
-
-@dataclass(frozen=True, slots=True)
-class Lora:
-    """An adapter a job runs with (app/adapters.py): its safetensors file's SHA-256, its
-    scale, and where the worker finds it: `name`, a catalog adapter's, or None, the
-    tenant's upload (stored by digest under its prefix)."""
-
-    sha256: str
-    scale: float = 1.0
-    name: str | None = None
-
-    def stored(self) -> dict[str, Any]:
-        shown: dict[str, Any] = {"sha256": self.sha256, "scale": self.scale}
-        if self.name is not None:
-            shown["name"] = self.name
-        return shown
-
-    @classmethod
-    def of(cls, value: Any) -> Lora:
-        if isinstance(value, Lora):
-            return value
-        return cls(str(value["sha256"]), float(value.get("scale", 1.0)), value.get("name"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,11 +50,10 @@ class JobRequest:
     scheduler: str = "default"
     output_format: str = "png"
     priority: str = "normal"
-    # LoRA adapters, in the order given: each one's digest and scale (every kind takes
-    # them; `loras` in the API).
+    # Add-on weights (app/addons: ADDONS, by field), each in the order given.
+    # LoRA adapters: each one's digest and scale (every kind takes them).
     loras: tuple[Lora, ...] = ()
-    # ControlNet conditioning (app/controls.py), in the order given; the image kinds
-    # take it (`controls` in the API).
+    # ControlNet conditioning: the image kinds take it.
     controls: tuple[Control, ...] = ()
     # The quality tier it runs at (app/quality.py): `exact`, `balanced` or `fast`.
     quality: str = DEFAULT_TIER
@@ -89,22 +62,17 @@ class JobRequest:
     NOT_IN_CACHE_KEY: ClassVar[tuple[str, ...]] = ("priority",)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.loras, tuple) or not all(isinstance(x, Lora) for x in self.loras):
-            object.__setattr__(self, "loras", tuple(Lora.of(x) for x in self.loras or ()))
-        if not isinstance(self.controls, tuple) or not all(
-            isinstance(x, Control) for x in self.controls
-        ):
-            controls = tuple(Control.of(x) for x in self.controls or ())
-            object.__setattr__(self, "controls", controls)
+        for name, addon in ADDONS.items():
+            object.__setattr__(self, name, addon.of(getattr(self, name)))
 
     def stored(self) -> dict[str, Any]:
-        """The row's `input`: plain JSON, the kind's name included. `loras` and
-        `controls` only where there are some, so a job without them stores (and keys the
-        cache) as before; `quality` likewise only where it is not `exact`."""
+        """The row's `input`: plain JSON, the kind's name included. Add-ons only where
+        there are some, so a job without them stores (and keys the cache) as before;
+        `quality` likewise only where it is not `exact`."""
         stored = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name in ("loras", "controls"):
+        for name, addon in ADDONS.items():
             if stored[name]:
-                stored[name] = [item.stored() for item in stored[name]]
+                stored[name] = addon.stored(stored[name])
             else:
                 del stored[name]
         if stored["quality"] == DEFAULT_TIER:
@@ -115,15 +83,12 @@ class JobRequest:
     def adapter_set(self) -> str:
         """SHA-256 of the adapters' digests and scales ("" for none): jobs of one set may
         share a pipeline call, and a worker holding the set warm prefers its jobs."""
-        if not self.loras:
-            return ""
-        canonical = json.dumps([[lora.sha256, lora.scale] for lora in self.loras])
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        return LORA.set_key(self.loras)
 
     @property
     def control_set(self) -> str:
         """SHA-256 of the controls ("" for none): jobs of one set may share a call."""
-        return control_set(self.controls)
+        return CONTROLNET.set_key(self.controls)
 
     def cache_fields(self) -> dict[str, Any]:
         return {k: v for k, v in self.stored().items() if k not in self.NOT_IN_CACHE_KEY}
@@ -146,7 +111,7 @@ class JobRequest:
     @property
     def work(self) -> float:
         """Units of the estimate: steps x images x (pixels / 512^2)."""
-        adapters = 1 + LORA_WORK * len(self.loras) + CONTROL_WORK * len(self.controls)
+        adapters = 1 + sum(a.work * len(getattr(self, n)) for n, a in ADDONS.items())
         return self.work_units * self.width * self.height / REFERENCE_PIXELS * adapters
 
     def image_seed(self, index: int) -> int:
@@ -180,8 +145,7 @@ class JobKind:
         "steps",
         "guidance_scale",
         "scheduler",
-        "adapter_set",
-        "control_set",
+        *(addon.batch_field for addon in ADDONS.values()),
         "quality",
     )
     # The keyword the kind's ControlNet pipeline takes its control images by (the
@@ -244,8 +208,7 @@ class JobKind:
             scheduler=data.get("scheduler", "default"),
             output_format=data.get("output_format", "png"),
             priority=data.get("priority", "normal"),
-            loras=tuple(data.get("loras") or ()),
-            controls=tuple(data.get("controls") or ()),
+            **{name: tuple(data.get(name) or ()) for name in ADDONS},
             quality=data.get("quality") or spec.default_quality,
             **self.own_fields(spec, data),
         )
@@ -254,11 +217,11 @@ class JobKind:
         return tuple(getattr(job, name) for name in self.batch_fields)
 
     def inputs(self, job: JobRequest) -> dict[str, str]:
-        """The digests of the input images the job runs on, by field (its controls'
-        under `controls.N.image`)."""
+        """The digests of the input images the job runs on, by field (its add-ons' too:
+        its controls' under `controls.N.image`)."""
         found = {name: getattr(job, name) for name in self.image_fields if getattr(job, name)}
-        for index, control in enumerate(job.controls):
-            found[input_field(index)] = control.image
+        for name, addon in ADDONS.items():
+            found.update(addon.inputs(getattr(job, name)))
         return found
 
     def prepare(self, job: JobRequest, inputs: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -267,21 +230,14 @@ class JobKind:
         return inputs
 
     def prepared(self, job: JobRequest, inputs: Mapping[str, Any]) -> Mapping[str, Any]:
-        """`prepare`'s, with the job's control images under `controls`: each at the
-        output's size (cropped as the input is where an inpainting redraws its masked
-        region alone), preprocessed as its control asks."""
+        """`prepare`'s, with what each add-on makes of the job's input images (app/addons
+        `Addon.prepare`: the control images, each at the output's size, cropped as the
+        input is where an inpainting redraws its masked region alone, preprocessed)."""
         made = self.prepare(job, inputs)
-        if not job.controls:
-            return made
-        width, height = job.width, job.height
-        box = made.get("box")
-        images = []
-        for index, control in enumerate(job.controls):
-            image = inputs[input_field(index)].convert("RGB")
-            if box is not None:
-                image = image.resize((width, height)).crop(box)
-            images.append(preprocessed(image, control.preprocess, width, height))
-        return {**made, "controls": images}
+        own = {}
+        for addon in ADDONS.values():
+            own.update(addon.prepare(job, inputs, made))
+        return {**made, **own} if own else made
 
     def finish(self, job: JobRequest, images: list[Any], inputs: Mapping[str, Any]) -> list[Any]:
         """The job's images as delivered, from what the pipeline made (an inpainting puts
@@ -305,7 +261,7 @@ class JobKind:
             "height": first.height,
             "num_inference_steps": first.steps,
             "guidance_scale": first.guidance_scale,
-            **self.control_arguments(first, inputs[0] if inputs else {}),
+            **self.addon_arguments(first, inputs[0] if inputs else {}),
         }
         if len(jobs) == 1:  # the prompt encoded once, its rows repeated by diffusers
             return {
@@ -325,25 +281,11 @@ class JobKind:
             "num_images_per_prompt": 1,
         }
 
-    def control_arguments(self, job: JobRequest, prepared: Mapping[str, Any]) -> dict[str, Any]:
-        """The ControlNet keywords of a call whose jobs share `job`'s controls (one
-        image per control, which diffusers repeats for every row); none without."""
-        controls = job.controls
-        if not controls:
-            return {}
-        images = list(prepared["controls"])
-        if len(controls) == 1:
-            control = controls[0]
-            return {
-                self.control_keyword: images[0],
-                "controlnet_conditioning_scale": control.scale,
-                "control_guidance_start": control.start,
-                "control_guidance_end": control.end,
-            }
-        return {
-            self.control_keyword: images,
-            "controlnet_conditioning_scale": [c.scale for c in controls],
-            "control_guidance_start": [c.start for c in controls],
-            "control_guidance_end": [c.end for c in controls],
-            "control_mode": [None] * len(controls),  # FLUX's pipelines (workers/call.py)
-        }
+    def addon_arguments(self, job: JobRequest, prepared: Mapping[str, Any]) -> dict[str, Any]:
+        """The add-ons' keywords of a call whose jobs share `job`'s add-ons (app/addons
+        `Addon.call_keywords`: the ControlNets' images, one per control, which diffusers
+        repeats for every row, and their scales and spans); none without."""
+        found: dict[str, Any] = {}
+        for addon in ADDONS.values():
+            found.update(addon.call_keywords(self, job, prepared))
+        return found

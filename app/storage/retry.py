@@ -7,6 +7,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
@@ -73,6 +74,26 @@ def get_with_retry(
         tries = retrying.statistics["attempt_number"]
         message = f"download of {key} failed after {tries} attempt(s): {exc}"
         raise StorageUnavailable(message) from exc
+
+
+def get_kept(storage: Storage, key: str, settings: Any, missing: Exception) -> bytes:
+    """`get_with_retry` with the settings' retries (`upload_retries`, `upload_backoff`,
+    `upload_backoff_max`); an object that is not there raises `missing` instead (a
+    store that stays away: StorageUnavailable)."""
+    try:
+        return get_with_retry(
+            storage,
+            key,
+            retries=settings.upload_retries,
+            backoff=settings.upload_backoff,
+            backoff_max=settings.upload_backoff_max,
+        )
+    except StorageUnavailable:
+        raise
+    except StorageError as exc:
+        if exc.transient:
+            raise
+        raise missing from exc
 
 
 def _retrying(

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 from flask_smorest import abort
 
-from app import adapters, uploads
-from app.kinds.base import Lora
+from app import uploads
 from app.kinds.images import InputRef
 from app.uploads import InputRefused
 from app.web.auth import current_tenant
@@ -101,40 +100,3 @@ def checked_png(image, *, field: str) -> uploads.InputImage:
     image.save(buffer, format="PNG")
     settings = services().settings
     return uploads.decode(buffer.getvalue(), field=field, max_pixels=settings.input_max_pixels)
-
-
-def resolve_loras(spec, items: list[dict]) -> tuple[tuple[Lora, ...], dict]:
-    """The adapters a request names (`{"id"|"name", "scale"}`), for `spec`'s model and
-    this request's tenant; the refusals by position (`{index: {field: [message]}}`).
-    Another tenant's adapter id, a deleted one and one that never was are refused alike."""
-    svc = services()
-    found: list[Lora] = []
-    errors: dict[int, dict[str, list[str]]] = {}
-    for index, item in enumerate(items):
-        scale = float(item.get("scale", 1.0))
-        if item.get("name") is not None:
-            shared = svc.catalog.adapters.get(item["name"])
-            if shared is None:
-                errors[index] = {"name": ["No such shared adapter in the catalog."]}
-            elif shared.family != spec.lora_family:
-                errors[index] = {
-                    "name": [
-                        f"A {shared.family} adapter: model '{spec.name}' is {spec.lora_family}."
-                    ]
-                }
-            else:
-                found.append(Lora(shared.sha256, scale, shared.name))
-            continue
-        row = adapters.find(request_session(), current_tenant(), item["id"])
-        if row is None:
-            errors[index] = {"id": ["No such adapter: POST /v1/adapters."]}
-        elif row.family != spec.lora_family:
-            errors[index] = {
-                "id": [f"A {row.family} adapter: model '{spec.name}' is {spec.lora_family}."]
-            }
-        else:
-            found.append(Lora(row.sha256, scale))
-    digests = [lora.sha256 for lora in found]
-    if not errors and len(set(digests)) != len(digests):
-        errors[len(items) - 1] = {"id": ["The same adapter twice: give it once, with one scale."]}
-    return tuple(found), errors

@@ -72,3 +72,15 @@ class KeyedOperations(BasePlugin):
             responses = operation.setdefault("responses", {})
             if 401 not in responses and "401" not in responses:  # flask-smorest's keys are ints
                 responses["401"] = {"description": UNAUTHORIZED}
+
+
+# A file part of a multipart form, in an OpenAPI schema.
+BINARY = {"type": "string", "format": "binary"}
+
+
+def form_body(properties: dict, required: list[str], **content: dict) -> dict:
+    """An operation's requestBody: a multipart form of these `properties` (a file part:
+    `BINARY`, or `{**BINARY, "description": …}`), and any other media type's `content`
+    beside it (a raw image, a JSON body)."""
+    form = {"type": "object", "properties": properties, "required": required}
+    return {"required": True, "content": {**content, "multipart/form-data": {"schema": form}}}

@@ -215,7 +215,7 @@ def _rank_mismatch() -> bytes:
 def test_diffq_model_build_tiny_lora_writes_an_adapter_the_tiny_model_takes(tmp_path):
     """The README's LoRA example starts with this command: the file it writes is what an
     upload for a `lora_family = "tiny"` model accepts, its weights fixed by the seed."""
-    from app.adapters import FAMILIES, check
+    from app.addons.lora.checks import FAMILIES, check
 
     path = tmp_path / "loras" / "style.safetensors"
 

@@ -190,7 +190,7 @@ def test_post_processing_records_the_result_after_the_ack(settings, db, tenant):
 
 
 def test_a_job_whose_adapter_was_deleted_fails_invalid_input_and_is_not_retried(rt, tenant):
-    from app.kinds.base import Lora
+    from app.addons.lora import Lora
 
     gone = Lora("0" * 64, 0.8)  # named by the job, no longer in the store
     job_id = factories.queued_job(rt.db, tenant, _spec(rt), loras=(gone,))

@@ -10,12 +10,12 @@ import uuid
 import pytest
 from sqlalchemy import update
 
+from app.addons.lora import Lora
 from app.db.models.jobs import Job
 from app.db.models.tenants import Tenant
 from app.db.types import utcnow
 from app.jobs import fairness, service
 from app.jobs.states import JobStatus, Priority
-from app.kinds.base import Lora
 from testbed.factories import job_request
 
 pytestmark = pytest.mark.services

@@ -1,4 +1,4 @@
-"""Adapters checked from their safetensors header alone (app/adapters.py), and the
+"""Adapters checked from their safetensors header alone (app/addons/lora/checks.py), and the
 request's `loras`: stored, read back, in the cache key, the batch key and the estimate."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import struct
 
 import pytest
 
-from app.adapters import FAMILIES, AdapterRefused, check
+from app.addons.lora import Lora
+from app.addons.lora.checks import FAMILIES, AdapterRefused, check
 from app.jobs.cache import cache_key
 from app.kinds import request_from_stored
-from app.kinds.base import Lora
 from testbed.factories import job_request
 from workers.tiny import build_tiny_lora
 

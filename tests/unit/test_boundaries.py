@@ -8,7 +8,7 @@ import sys
 HEAVY = ("torch", "diffusers", "transformers", "workers")
 
 
-def _modules_after(code: str, env=None) -> set[str]:
+def _modules_after(code: str, env=None, *, whole: bool = False) -> set[str]:
     out = subprocess.run(
         [sys.executable, "-c", f"{code}\nimport sys; print(' '.join(sorted(sys.modules)))"],
         check=True,
@@ -16,7 +16,7 @@ def _modules_after(code: str, env=None) -> set[str]:
         text=True,
         env=env,
     ).stdout
-    return {name.split(".")[0] for name in out.split()}
+    return set(out.split()) if whole else {name.split(".")[0] for name in out.split()}
 
 
 def test_the_api_process_never_imports_torch_diffusers_or_workers(tmp_path):
@@ -30,8 +30,13 @@ def test_the_api_process_never_imports_torch_diffusers_or_workers(tmp_path):
         "app = create_app()\n"
         "c = app.test_client(); c.get('/openapi.json'); c.post('/v1/jobs', json={})",
         env=env,
+        whole=True,
     )
-    assert not loaded & set(HEAVY), loaded & set(HEAVY)
+    assert not {name.split(".")[0] for name in loaded} & set(HEAVY), loaded & set(HEAVY)
+    # An add-on's worker half (app/addons/<name>/worker.py) is the worker's alone.
+    assert "app.addons" in loaded  # the API reads every add-on's request part
+    halves = sorted(n for n in loaded if n.startswith("app.addons.") and n.endswith(".worker"))
+    assert halves == [], halves
 
 
 def test_the_domain_imports_neither_flask_nor_torch():

@@ -110,7 +110,7 @@ def test_an_add_on_family_of_another_model_family_is_refused(tmp_path, text, fra
 
 
 def test_the_add_on_families_with_loras_are_those_whose_widths_the_upload_check_knows():
-    from app.adapters import FAMILIES as LORA_WIDTHS
+    from app.addons.lora.checks import FAMILIES as LORA_WIDTHS
     from app.families import ADDON_FAMILIES, FAMILIES
 
     assert {n for n, a in ADDON_FAMILIES.items() if a.loras} == set(LORA_WIDTHS)

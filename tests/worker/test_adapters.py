@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from app.addons.lora import Lora
+from app.addons.lora import worker as worker_adapters
+from app.addons.lora.worker import AdapterMemory
 from app.catalog import tiny_spec
 from app.kinds import KINDS, compatible
-from app.kinds.base import Lora
 from app.kinds.images import InputRef
-from workers import adapters as worker_adapters
-from workers.adapters import AdapterMemory
 from workers.call import generate
 from workers.pipelines import LoadedModel
 from workers.tiny import build_tiny_lora, build_tiny_pipeline
@@ -84,7 +84,7 @@ def _image(model, request, tensors) -> bytes:
         [request],
         on_step=[lambda *_: True],
         inputs=[_inputs(request.kind)],
-        adapters={lora.sha256: tensors[lora.sha256] for lora in request.loras},
+        addons={"loras": {lora.sha256: tensors[lora.sha256] for lora in request.loras}},
     )
     return made.images[0].tobytes()
 
@@ -118,7 +118,7 @@ def test_a_full_pipeline_swaps_its_least_recent_slot_and_each_adapter_keeps_its_
 ):
     import logging
 
-    caplog.set_level(logging.INFO, logger="workers.adapters")
+    caplog.set_level(logging.INFO, logger="app.addons.lora.worker")
     one, two, three = loras
     reference = {sha: _image(_model(), _request(used=[sha]), loras) for sha in (one, two, three)}
     model = _model(slots=2)
@@ -134,7 +134,7 @@ def test_a_full_pipeline_swaps_its_least_recent_slot_and_each_adapter_keeps_its_
 def test_the_pipeline_is_bounded_in_bytes_on_its_device(loras, caplog):
     import logging
 
-    caplog.set_level(logging.INFO, logger="workers.adapters")
+    caplog.set_level(logging.INFO, logger="app.addons.lora.worker")
     one, two, three = loras
     sizes = {sha: sum(t.numel() * t.element_size() for t in loras[sha].values()) for sha in loras}
     reference = {sha: _image(_model(), _request(used=[sha]), loras) for sha in loras}

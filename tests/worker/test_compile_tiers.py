@@ -102,8 +102,8 @@ def test_a_compiled_model_swaps_adapters_and_scales_without_recompiling(tmp_path
     from safetensors.torch import load
     from torch._dynamo.utils import counters
 
+    from app.addons.lora import Lora
     from app.kinds import KINDS
-    from app.kinds.base import Lora
     from workers.call import generate
     from workers.tiny import build_tiny_lora
 
@@ -128,7 +128,7 @@ def test_a_compiled_model_swaps_adapters_and_scales_without_recompiling(tmp_path
         data = {"prompt": "a kite", "seed": 4, "steps": 2, "width": 64, "height": 64}
         job = KINDS["txt2img"].normalize(spec, data)
         job = replace(job, loras=tuple(Lora(sha, scale) for sha, scale in loras))
-        [out] = generate(model, [job], on_step=[lambda *_: True], adapters=tensors)
+        [out] = generate(model, [job], on_step=[lambda *_: True], addons={"loras": tensors})
         buffer = io.BytesIO()
         out.images[0].save(buffer, format="PNG")
         return buffer.getvalue()

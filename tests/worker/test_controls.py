@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from app.addons.controlnet.control import input_field, preprocessed
 from app.catalog import tiny_spec
-from app.controls import input_field, preprocessed
 from app.kinds import KINDS
 from app.kinds.images import InputRef
 from workers.call import generate
@@ -49,7 +49,7 @@ def _run(model, controlnets, kind="txt2img", controls=(), images=(), **fields) -
     data = {"prompt": "a red fox", "seed": 3, "steps": 3, "controls": stored}
     job = KINDS[kind].normalize(SPEC, {**data, **refs, **fields})
     [out] = generate(
-        model, [job], on_step=[lambda *_: True], inputs=[inputs], controlnets=controlnets
+        model, [job], on_step=[lambda *_: True], inputs=[inputs], addons={"controls": controlnets}
     )
     buffer = io.BytesIO()
     out.images[0].save(buffer, format="PNG")
@@ -137,7 +137,7 @@ def test_image_to_image_and_inpainting_take_controls(tiny_model, controlnets, ki
     assert steered != plain
 
 
-def test_a_worker_loads_catalog_controlnets_once_keeps_a_bounded_few_and_refuses_misfits(
+def test_a_worker_loads_catalog_controlnets_once_keeps_a_few_bounded_in_count_and_bytes(
     tmp_path, tiny_pipeline
 ):
     from types import SimpleNamespace
@@ -145,8 +145,8 @@ def test_a_worker_loads_catalog_controlnets_once_keeps_a_bounded_few_and_refuses
     import torch
     from diffusers import ControlNetModel
 
-    from app.controls import Control, ControlNetSpec
-    from workers.controls import ControlNetMissing, controlnets_for
+    from app.addons.controlnet.control import Control, ControlNetSpec
+    from app.addons.controlnet.worker import ControlNetMissing, controlnets_for
     from workers.pipelines import LoadedModel
     from workers.tiny import build_tiny_controlnet
 
@@ -161,7 +161,7 @@ def test_a_worker_loads_catalog_controlnets_once_keeps_a_bounded_few_and_refuses
     }
     rt = SimpleNamespace(
         catalog=SimpleNamespace(controlnets=specs),
-        settings=SimpleNamespace(worker_controlnets=1),
+        settings=SimpleNamespace(worker_controlnets=1, worker_controlnet_bytes=1 << 40),
     )
     model = LoadedModel(SPEC, tiny_pipeline, "cpu", 0.0)
 
@@ -178,3 +178,12 @@ def test_a_worker_loads_catalog_controlnets_once_keeps_a_bounded_few_and_refuses
     for name, said in refusals:
         with pytest.raises(ControlNetMissing, match=said):
             controlnets_for(rt, model, named(name))
+    # Bounded in bytes too: with room for four by count but not for two by bytes, the
+    # least recent goes, and a job's own ControlNets are loaded whatever their size.
+    size = sum(p.numel() * p.element_size() for p in model.controlnets.get("b").parameters())
+    rt.settings.worker_controlnets, rt.settings.worker_controlnet_bytes = 4, size + size // 2
+    controlnets_for(rt, model, named("a"))
+    assert list(model.controlnets) == ["a"] and model.controlnets.bytes == size
+    rt.settings.worker_controlnet_bytes = 3 * size
+    controlnets_for(rt, model, named("b"))
+    assert list(model.controlnets) == ["a", "b"] and model.controlnets.bytes == 2 * size

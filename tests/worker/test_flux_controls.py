@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 from PIL import Image
 
+from app.addons.controlnet.control import Control, ControlNetSpec, input_field
 from app.catalog import _spec_from_table
-from app.controls import Control, ControlNetSpec, input_field
 from app.kinds import KINDS
 from app.kinds.images import InputRef
 from workers.call import generate
@@ -40,7 +40,8 @@ def flux(tmp_path_factory):
         "sd": ControlNetSpec("sd", build_tiny_controlnet(root / "sd", 1), "tiny-flux"),  # a lie
     }
     rt = SimpleNamespace(
-        catalog=SimpleNamespace(controlnets=specs), settings=SimpleNamespace(worker_controlnets=4)
+        catalog=SimpleNamespace(controlnets=specs),
+        settings=SimpleNamespace(worker_controlnets=4, worker_controlnet_bytes=1 << 40),
     )
     return SimpleNamespace(model=load_model(spec, "cpu"), spec=spec, rt=rt)
 
@@ -52,7 +53,7 @@ def _square(box=(16, 16, 48, 48)) -> Image.Image:
 
 
 def _run(flux, kind="txt2img", controls=(), images=()) -> bytes:
-    from workers.controls import controlnets_for
+    from app.addons.controlnet.worker import controlnets_for
 
     refs, inputs = {}, {}
     if kind != "txt2img":
@@ -70,7 +71,7 @@ def _run(flux, kind="txt2img", controls=(), images=()) -> bytes:
     job = KINDS[kind].normalize(flux.spec, {**data, **refs})
     modules = controlnets_for(flux.rt, flux.model, job.controls)
     [out] = generate(
-        flux.model, [job], on_step=[lambda *_: True], inputs=[inputs], controlnets=modules
+        flux.model, [job], on_step=[lambda *_: True], inputs=[inputs], addons={"controls": modules}
     )
     buffer = io.BytesIO()
     out.images[0].save(buffer, format="PNG")
@@ -107,7 +108,7 @@ def test_two_flux_controls_run_together(flux, kind):
 
 
 def test_an_sd_controlnet_is_refused_by_a_flux_worker_naming_its_class(flux):
-    from workers.controls import ControlNetMissing, controlnets_for
+    from app.addons.controlnet.worker import ControlNetMissing, controlnets_for
 
     with pytest.raises(ControlNetMissing, match="is a ControlNetModel; model 'tiny-flux'"):
         controlnets_for(flux.rt, flux.model, [Control("sd", "0" * 64)])

@@ -47,7 +47,7 @@ class Upload(Base):
 
 class Adapter(Base):
     """A LoRA adapter a tenant stored (`POST /v1/adapters`), checked at upload for its
-    base model's family (app/adapters.py) and kept as safetensors under the tenant's
+    base model's family (app/addons/lora/checks.py) and kept as safetensors under the tenant's
     prefix, addressed by its SHA-256. Jobs name it by id; their request keeps the digest."""
 
     __tablename__ = "adapters"
@@ -57,7 +57,7 @@ class Adapter(Base):
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     sha256: Mapped[str] = mapped_column(String(64))
     name: Mapped[str | None] = mapped_column(String(200))
-    # The model it was checked for, and that model's family (app/adapters.py FAMILIES).
+    # The model it was checked for, and that model's family (app/addons/lora/checks.py FAMILIES).
     model: Mapped[str] = mapped_column(String(100))
     family: Mapped[str] = mapped_column(String(40))
     bytes: Mapped[int] = mapped_column(Integer)

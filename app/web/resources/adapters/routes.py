@@ -1,5 +1,5 @@
 """LoRA adapters: `POST /v1/adapters` checks one for a model's family and stores it for
-the tenant (app/adapters.py); a job names it in `loras` by id."""
+the tenant (app/addons/lora/); a job names it in `loras` by id."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from flask.views import MethodView
 from flask_smorest import abort
 from marshmallow import fields
 
-from app import adapters
-from app.adapters import AdapterRefused, adapter_key
+from app.addons.lora import checks
+from app.addons.lora import store as adapters
+from app.addons.lora.store import adapter_key
 from app.db.types import utcnow
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
+from app.web.openapi import BINARY, form_body
 from app.web.services import request_session, services
 
 blp = Blueprint(
@@ -26,7 +28,6 @@ blp = Blueprint(
 )
 blp.before_request(require_api_key)
 
-BINARY = {"type": "string", "format": "binary"}
 EXAMPLE = {
     "id": "01937c52-5d0e-7b9a-8e0f-6a2b4c1d9e33",
     "name": "watercolor",
@@ -84,34 +85,26 @@ def _found(adapter_id: uuid.UUID):
     return row
 
 
-def _refuse(refused: AdapterRefused):
+def _refuse(refused: checks.AdapterRefused):
     abort(refused.status, errors={"files": {refused.field: [refused.message]}})
 
 
 @blp.route("")
 class Adapters(MethodView):
     @blp.doc(
-        requestBody={
-            "required": True,
-            "content": {
-                "multipart/form-data": {
-                    "schema": {
-                        "type": "object",
-                        "properties": {
-                            "file": {**BINARY, "description": "The LoRA, .safetensors."},
-                            "model": {
-                                "type": "string",
-                                "description": "The model it is for (its family is checked); "
-                                "default: the default model.",
-                                "example": "sd15",
-                            },
-                            "name": {"type": "string", "example": "watercolor"},
-                        },
-                        "required": ["file"],
-                    }
-                }
+        requestBody=form_body(
+            {
+                "file": {**BINARY, "description": "The LoRA, .safetensors."},
+                "model": {
+                    "type": "string",
+                    "description": "The model it is for (its family is checked); "
+                    "default: the default model.",
+                    "example": "sd15",
+                },
+                "name": {"type": "string", "example": "watercolor"},
             },
-        }
+            ["file"],
+        )
     )
     @blp.response(201, AdapterSchema, example=EXAMPLE)
     @blp.alt_response(413, description="Past DIFFQ_ADAPTER_MAX_BYTES.")
@@ -151,16 +144,14 @@ class Adapters(MethodView):
         name = request.form.get("name") or None
         if name is not None and len(name) > 200:
             abort(422, errors={"form": {"name": ["At most 200 characters."]}})
-        from app.adapters import FAMILIES
-
         try:
-            checked = adapters.check(
+            checked = checks.check(
                 part.read(),
-                FAMILIES[spec.lora_family],
+                checks.FAMILIES[spec.lora_family],
                 field="file",
                 max_bytes=svc.settings.adapter_max_bytes,
             )
-        except AdapterRefused as refused:
+        except checks.AdapterRefused as refused:
             _refuse(refused)
         row = adapters.store(
             request_session(), svc.storage, current_tenant(), checked, name=name, model=spec.name

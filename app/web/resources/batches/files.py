@@ -19,6 +19,7 @@ from app.ids import uuid7
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
 from app.web.downloads import attachment
+from app.web.openapi import BINARY, form_body
 from app.web.resources.batches import errors
 from app.web.resources.batches.schemas import FileListSchema, FileSchema
 from app.web.services import request_session, services
@@ -68,20 +69,10 @@ def _file_or_404(file_id: uuid.UUID) -> BatchFile:
 @blp.route("")
 class Files(MethodView):
     @blp.doc(
-        requestBody={
-            "content": {
-                "multipart/form-data": {
-                    "schema": {
-                        "type": "object",
-                        "properties": {
-                            "file": {"type": "string", "format": "binary"},
-                            "purpose": {"type": "string", "enum": list(PURPOSES)},
-                        },
-                        "required": ["file", "purpose"],
-                    }
-                }
-            }
-        }
+        requestBody=form_body(
+            {"file": BINARY, "purpose": {"type": "string", "enum": list(PURPOSES)}},
+            ["file", "purpose"],
+        )
     )
     @blp.response(200, FileSchema)
     @blp.alt_response(413, description="Over DIFFQ_BATCH_MAX_BYTES.")

@@ -8,8 +8,10 @@ from typing import Any
 import marshmallow as ma
 from marshmallow import fields, validate
 
-from app import controls as control_rules
-from app.adapters import SCALE_LIMIT
+from app.addons import ADDONS
+from app.addons.base import Lookup
+from app.addons.controlnet import control as control_rules
+from app.addons.lora.checks import SCALE_LIMIT
 from app.jobs.changes import EVENT_TYPES
 from app.jobs.states import JobStatus, Priority
 from app.jobs.view import JobSchema
@@ -17,9 +19,9 @@ from app.kinds import DEFAULT_KIND, KINDS
 from app.quality import TIERS
 from app.rules import MAX_SEED, OUTPUT_FORMATS, SCHEDULERS, model_limit_errors
 from app.uploads import InputRefused
+from app.web.auth import current_tenant
 from app.web.inputs import resolve as resolve_input
-from app.web.inputs import resolve_loras
-from app.web.services import services
+from app.web.services import request_session, services
 from app.web.strings import RefusesNul
 from app.webhooks.guard import MAX_URL_LENGTH, UnsafeUrl, check_url_at_submit, parse_allow_list
 
@@ -289,8 +291,7 @@ class _JobCreateFields(RefusesNul, ma.Schema):
                 {"kind": [f"Model '{spec.name}' offers the kinds: {offered}."]}
             )
         errors = _resolve_inputs(kind, data)
-        lora_errors = _resolve_loras(spec, data)
-        lora_errors.update(_resolve_controls(kind, spec, data))
+        addon_errors = _resolve_addons(kind, spec, data)
         if not errors:
             width, height = kind.default_size(spec, data)
             data.setdefault("width", width)
@@ -299,8 +300,8 @@ class _JobCreateFields(RefusesNul, ma.Schema):
             errors.setdefault(field, []).extend(messages)
         for field, messages in kind.limit_errors(spec, data).items():
             errors.setdefault(field, []).extend(messages)
-        if errors or lora_errors:
-            raise ma.ValidationError({**errors, **lora_errors})
+        if errors or addon_errors:
+            raise ma.ValidationError({**errors, **addon_errors})
         data["_spec"] = spec  # for _normalize: the model is looked up once
 
     @ma.post_load
@@ -338,55 +339,31 @@ def _resolve_inputs(kind, data: dict[str, Any]) -> dict[str, list[str]]:
     return errors
 
 
-def _resolve_loras(spec, data: dict[str, Any]) -> dict[str, Any]:
-    """The request's adapters as the job keeps them (digest and scale), in place of what
-    the body said; the refusal under `loras`."""
-    items = data.get("loras") or []
-    if not items:
-        data["loras"] = ()
-        return {}
-    if len(items) > spec.lora_limit:
-        return {"loras": [f"At most {spec.lora_limit} adapters for model '{spec.name}'."]}
-    found, errors = resolve_loras(spec, items)
-    if errors:
-        return {"loras": errors}
-    data["loras"] = found
-    return {}
-
-
-def _resolve_controls(kind, spec, data: dict[str, Any]) -> dict[str, Any]:
-    """The request's controls as the job keeps them (each image's digest), in place of
-    what the body said; the refusals under `controls` (by position and field)."""
-    from app.controls import Control
-
-    items = data.get("controls") or []
-    if not items:
-        data["controls"] = ()
-        return {}
-    most = 0 if kind.video else spec.control_limit
-    if len(items) > most:
-        return {"controls": [f"At most {most} controls for model '{spec.name}' ({kind.name})."]}
-    found, errors = [], {}
-    catalog = services().catalog
-    for index, item in enumerate(items):
-        if not isinstance(item, dict) or not {"controlnet", "image"} <= set(item):
-            continue  # its fields' own errors say why
-        refused = control_rules.refusals(catalog.controlnets, spec.name, spec.lora_family, item)
-        field = control_rules.input_field(index)
-        try:
-            ref, needs = resolve_input(item["image"], field=field)
-        except InputRefused as exc:
-            refused["image"] = [exc.message]
-        else:
-            data["_keep"].append(needs)
-        if refused:
-            errors[index] = refused
+def _resolve_addons(kind, spec, data: dict[str, Any]) -> dict[str, Any]:
+    """Each add-on's values as the job keeps them (app/addons: adapters by digest,
+    controls with their images' digests), in place of what the body said; what keeping
+    their input images takes joins `_keep`; the refusals under each add-on's field."""
+    errors: dict[str, Any] = {}
+    lookup = None
+    for name, addon in ADDONS.items():
+        values = data.get(name) or []
+        if not values:
+            data[name] = ()
             continue
-        found.append(Control(**{**item, "image": ref.sha256}))
-    if errors:
-        return {"controls": errors}
-    data["controls"] = tuple(found)
-    return {}
+        if lookup is None:
+            lookup = Lookup(
+                services().catalog,
+                request_session(),
+                current_tenant(),
+                lambda value, field: resolve_input(value, field=field),
+            )
+        done = addon.resolve(spec, kind, values, lookup)
+        if done.errors:
+            errors[name] = done.errors
+            continue
+        data[name] = done.items
+        data["_keep"].extend(done.keeps)
+    return errors
 
 
 # Fields that belong to some kind: each is refused on a request of another kind.

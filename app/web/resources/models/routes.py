@@ -6,11 +6,11 @@ from flask import g
 from flask.views import MethodView
 from flask_smorest import abort
 
+from app.addons.lora import Lora
 from app.catalog import ModelSpec
 from app.jobs import pauses
 from app.jobs.estimate import estimate
 from app.kinds import KINDS
-from app.kinds.base import Lora
 from app.kinds.images import InputRef
 from app.rules import model_limit_errors
 from app.web.auth import operator_only, require_api_key

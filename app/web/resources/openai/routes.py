@@ -27,6 +27,7 @@ from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
 from app.web.errors import as_http_error
 from app.web.inputs import checked_png
+from app.web.openapi import BINARY, form_body
 from app.web.resources.jobs.schemas import JobCreateSchema
 from app.web.resources.jobs.submit import submit
 from app.web.resources.openai.schemas import (
@@ -65,45 +66,33 @@ ERROR_TYPES = {
 }
 EXAMPLE = {"prompt": "a lighthouse at dusk", "n": 1, "size": "512x512"}
 # POST /v1/images/edits: a multipart form, as OpenAI's clients send it.
-EDIT_BODY = {
-    "required": True,
-    "content": {
-        "multipart/form-data": {
-            "schema": {
-                "type": "object",
-                "required": ["prompt", "image"],
-                "properties": {
-                    "image": {
-                        "type": "string",
-                        "format": "binary",
-                        "description": "The image to edit: PNG, JPEG or WebP (`image[]`: the "
-                        "first is read).",
-                    },
-                    "mask": {
-                        "type": "string",
-                        "format": "binary",
-                        "description": "A PNG of the image's size, fully transparent where "
-                        "to edit.",
-                    },
-                    "prompt": {"type": "string"},
-                    "model": {"type": "string"},
-                    "n": {"type": "integer", "minimum": 1, "maximum": MAX_N},
-                    "size": {"type": "string", "example": "512x512"},
-                    "response_format": {"type": "string", "enum": ["url", "b64_json"]},
-                    "user": {"type": "string"},
-                    "strength": {
-                        "type": "number",
-                        "minimum": 0,
-                        "maximum": 1,
-                        "description": "diffq extension: how much is redrawn.",
-                    },
-                    "seed": {"type": "integer", "description": "diffq extension."},
-                    "steps": {"type": "integer", "description": "diffq extension."},
-                },
-            }
-        }
+EDIT_BODY = form_body(
+    {
+        "image": {
+            **BINARY,
+            "description": "The image to edit: PNG, JPEG or WebP (`image[]`: the first is read).",
+        },
+        "mask": {
+            **BINARY,
+            "description": "A PNG of the image's size, fully transparent where to edit.",
+        },
+        "prompt": {"type": "string"},
+        "model": {"type": "string"},
+        "n": {"type": "integer", "minimum": 1, "maximum": MAX_N},
+        "size": {"type": "string", "example": "512x512"},
+        "response_format": {"type": "string", "enum": ["url", "b64_json"]},
+        "user": {"type": "string"},
+        "strength": {
+            "type": "number",
+            "minimum": 0,
+            "maximum": 1,
+            "description": "diffq extension: how much is redrawn.",
+        },
+        "seed": {"type": "integer", "description": "diffq extension."},
+        "steps": {"type": "integer", "description": "diffq extension."},
     },
-}
+    ["prompt", "image"],
+)
 
 
 class OpenAIError(Exception):

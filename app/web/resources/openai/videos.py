@@ -33,6 +33,7 @@ from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint, parse_json_body
 from app.web.downloads import attachment
 from app.web.inputs import checked_png
+from app.web.openapi import BINARY, form_body
 from app.web.resources.jobs.submit import submit
 from app.web.resources.openai.routes import (
     FIELD_NAMES,
@@ -81,33 +82,20 @@ STATUS = {
 }
 VARIANTS = ("video", "thumbnail")
 EXAMPLE = {"prompt": "a paper boat drifting down a rain gutter", "seconds": "2", "size": "64x64"}
-CREATE_BODY = {
-    "required": True,
-    "content": {
-        "application/json": {"schema": VideoCreateSchema, "example": EXAMPLE},
-        "multipart/form-data": {
-            "schema": {
-                "type": "object",
-                "required": ["prompt"],
-                "properties": {
-                    "prompt": {"type": "string", "minLength": 1},
-                    "model": {"type": "string", "maxLength": 100},
-                    "seconds": {
-                        "type": "string",
-                        "pattern": r"^[0-9]{1,3}(\.[0-9]{1,3})?$",
-                        "example": "2",
-                    },
-                    "size": {"type": "string", "pattern": SIZE_PATTERN, "example": "64x64"},
-                    "input_reference": {
-                        "type": "string",
-                        "format": "binary",
-                        "description": "The first frame: a PNG, JPEG or WebP image.",
-                    },
-                },
-            }
+CREATE_BODY = form_body(
+    {
+        "prompt": {"type": "string", "minLength": 1},
+        "model": {"type": "string", "maxLength": 100},
+        "seconds": {"type": "string", "pattern": r"^[0-9]{1,3}(\.[0-9]{1,3})?$", "example": "2"},
+        "size": {"type": "string", "pattern": SIZE_PATTERN, "example": "64x64"},
+        "input_reference": {
+            **BINARY,
+            "description": "The first frame: a PNG, JPEG or WebP image.",
         },
     },
-}
+    ["prompt"],
+    **{"application/json": {"schema": VideoCreateSchema, "example": EXAMPLE}},
+)
 
 
 def video_models() -> list[str]:

@@ -11,11 +11,13 @@ from flask.views import MethodView
 from flask_smorest import abort
 from marshmallow import fields
 
-from app import controls, uploads
+from app import uploads
+from app.addons.controlnet import control as controls
 from app.uploads import InputRefused, input_key
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
 from app.web.inputs import store
+from app.web.openapi import BINARY, form_body
 from app.web.services import request_session, services
 
 blp = Blueprint(
@@ -27,7 +29,6 @@ blp = Blueprint(
 blp.before_request(require_api_key)
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp")
-BINARY = {"type": "string", "format": "binary"}
 
 
 class UploadSchema(ma.Schema):
@@ -94,21 +95,9 @@ def _body() -> bytes:
 @blp.route("")
 class Uploads(MethodView):
     @blp.doc(
-        requestBody={
-            "required": True,
-            "content": {
-                "multipart/form-data": {
-                    "schema": {
-                        "type": "object",
-                        "properties": {"file": BINARY},
-                        "required": ["file"],
-                    }
-                },
-                **{
-                    kind: {"schema": {"type": "string", "format": "binary"}} for kind in IMAGE_TYPES
-                },
-            },
-        }
+        requestBody=form_body(
+            {"file": BINARY}, ["file"], **{kind: {"schema": BINARY} for kind in IMAGE_TYPES}
+        )
     )
     @blp.response(201, UploadSchema)
     @blp.alt_response(413, description="Past DIFFQ_INPUT_MAX_BYTES.")

@@ -3,7 +3,7 @@
 // (8k + 1 for LTX-Video, 4k + 1 for Wan), made at the family's frame rate unless its
 // catalog entry says otherwise (app/kinds/video.py, app/families.py).
 import { local } from "./api.js";
-import { saveBlob } from "./save.js";
+import { download } from "./save.js";
 
 const $ = (id) => document.getElementById(id);
 export const VIDEO_KINDS = ["txt2vid", "img2vid"];
@@ -117,18 +117,6 @@ function size(bytes) {
   return bytes < 1024 * 1024
     ? ` (${Math.max(1, Math.round(bytes / 1024))} KB)`
     : ` (${(bytes / 1024 / 1024).toFixed(1)} MB)`;
-}
-
-// The MP4 saved under `name`. Read back as a blob: a link's `download` is ignored for
-// another origin (S3's presigned URLs), where following it would leave the page.
-async function download(url, name) {
-  try {
-    const response = await fetch(url);
-    if (!response.ok) throw new Error(`HTTP ${response.status}`);
-    saveBlob(await response.blob(), name);
-  } catch {
-    window.open(url, "_blank", "noopener");
-  }
 }
 
 // A finished clip: an HTML5 player (its poster the first frame), its caption and a link

@@ -3,7 +3,7 @@ import { describeLoras, requestLoras } from "./adapters.js";
 import { api, ApiError, local } from "./api.js";
 import { seconds } from "./form.js";
 import { knownUpload } from "./picture.js";
-import { saveBlob } from "./save.js";
+import { download } from "./save.js";
 import { follow } from "./stream.js";
 import { clipFigures, isVideo } from "./video.js";
 
@@ -76,16 +76,6 @@ function showProgress(job, progress) {
   bar.dataset.step = progress.step || 0;
   $("job-state").textContent = stateText(job, progress);
   $("current").dataset.status = job.status;
-}
-
-async function download(url, name) {
-  try {
-    const response = await fetch(url);
-    if (!response.ok) throw new Error(`HTTP ${response.status}`);
-    saveBlob(await response.blob(), name);
-  } catch {
-    window.open(url, "_blank", "noopener");
-  }
 }
 
 function caption(job, image) {

@@ -1,34 +1,30 @@
 """ControlNets on a worker: loaded from the catalog when a job first names one, on its
 model's device and dtype, kept beside the model (the least recently used dropped past
-DIFFQ_WORKER_CONTROLNETS), and joined to the kind's pipeline by `from_pipe` (the model's
-weights shared, no second copy: workers/call.py)."""
+DIFFQ_WORKER_CONTROLNET_BYTES of their weights or DIFFQ_WORKER_CONTROLNETS of them, with
+the pipelines derived with them), and joined to the kind's pipeline by `from_pipe` (the
+model's weights shared, no second copy: workers/call.py)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from app.controls import Control
+from app.addons.base import AddonMissing, AddonWorker, ByteCache
+from app.addons.controlnet.control import Control
 from app.families import FAMILIES
-from workers.compiled import denoiser_name
-
-if TYPE_CHECKING:
-    from workers.pipelines import LoadedModel
-    from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
 
-class ControlNetMissing(Exception):
+class ControlNetMissing(AddonMissing):
     """A ControlNet the job names that this worker cannot load."""
 
+    code = "model_unavailable"
 
-def controlnets_for(
-    rt: WorkerRuntime, model: LoadedModel, controls: Sequence[Control]
-) -> dict[str, Any]:
+
+def controlnets_for(rt: Any, model: Any, controls: Sequence[Control]) -> dict[str, Any]:
     """The ControlNet modules the controls name, by name, loaded on `model`'s device and
     dtype; raises ControlNetMissing naming the one that cannot load."""
     found = {}
@@ -38,11 +34,28 @@ def controlnets_for(
     return found
 
 
-def _module(rt: WorkerRuntime, model: LoadedModel, name: str) -> Any:
-    held: OrderedDict = model.controlnets
-    if name in held:
-        held.move_to_end(name)
-        return held[name]
+def held_by(rt: Any, model: Any) -> ByteCache[str]:
+    """The ControlNets kept beside `model`, bounded as the settings say now; one that
+    goes takes the pipelines derived with it along."""
+    held: ByteCache[str] = model.controlnets
+    if held.on_evict is None:
+        derived = model.kind_pipelines  # shared by the entries that share these weights
+
+        def forget(name: str, _module: Any) -> None:
+            for key in [k for k in derived if isinstance(k, tuple) and name in k[1:]]:
+                del derived[key]
+
+        held.on_evict = forget
+    held.max_bytes = rt.settings.worker_controlnet_bytes
+    held.max_items = max(1, rt.settings.worker_controlnets)
+    return held
+
+
+def _module(rt: Any, model: Any, name: str) -> Any:
+    held = held_by(rt, model)
+    found = held.get(name)
+    if found is not None:
+        return found
     spec = rt.catalog.controlnets.get(name)
     if spec is None:
         raise ControlNetMissing(f"the ControlNet {name!r} is not in this worker's catalog")
@@ -64,18 +77,14 @@ def _module(rt: WorkerRuntime, model: LoadedModel, name: str) -> Any:
     except (OSError, ValueError, TypeError) as exc:
         raise ControlNetMissing(f"the ControlNet {name!r} did not load: {exc}") from exc
     module = module.to(model.device)
-    mismatch = _mismatch(module, getattr(model.pipeline, denoiser_name(model.pipeline) or "", None))
+    denoiser = getattr(model.pipeline, "unet", None) or getattr(model.pipeline, "transformer", None)
+    mismatch = _mismatch(module, denoiser)
     if mismatch:
         raise ControlNetMissing(
             f"the ControlNet {name!r} does not fit model {model.spec.name!r}: {mismatch} "
             "(its catalog family is wrong)"
         )
-    limit = max(1, rt.settings.worker_controlnets)
-    while len(held) >= limit:
-        dropped, _ = held.popitem(last=False)
-        for key in [k for k in model.kind_pipelines if isinstance(k, tuple) and dropped in k[1:]]:
-            del model.kind_pipelines[key]
-    held[name] = module
+    held.put(name, module, sum(p.numel() * p.element_size() for p in module.parameters()))
     log.info("ControlNet %s loaded in %.2fs", name, time.perf_counter() - started)
     return module
 
@@ -107,12 +116,23 @@ def _mismatch(module: Any, denoiser: Any) -> str:
     return ""
 
 
-def derived_with(base: Any, auto_class: str, modules: Sequence[Any]) -> Any:
-    """The kind's pipeline on `base`'s weights with these ControlNets (one, or several
-    as diffusers' MultiControlNetModel)."""
-    import diffusers
+class ControlNetWorker(AddonWorker):
+    """ControlNet's worker half (app/addons/base.py): a job's ControlNets loaded beside
+    its model; the kind's pipeline derived with them, keyed by their names in order."""
 
-    chosen = modules[0] if len(modules) == 1 else list(modules)
-    derived = getattr(diffusers, auto_class).from_pipe(base, controlnet=chosen)
-    derived.set_progress_bar_config(disable=True)
-    return derived
+    def fetch(
+        self, rt: Any, model: Any, tenant_id: Any, items: Sequence[Control]
+    ) -> dict[str, Any]:
+        return controlnets_for(rt, model, items)
+
+    def pipeline_key(self, items: Sequence[Control]) -> tuple[str, ...]:
+        return tuple(c.controlnet for c in items)
+
+    def derive(self, items: Sequence[Control], fetched: Mapping[str, Any]) -> dict[str, Any]:
+        if not items:
+            return {}
+        modules = [fetched[c.controlnet] for c in items]
+        return {"controlnet": modules[0] if len(modules) == 1 else modules}
+
+
+CONTROLNET_WORKER = ControlNetWorker()

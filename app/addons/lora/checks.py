@@ -20,18 +20,10 @@ import json
 import math
 import re
 import struct
-import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
-from app.db.models.inputs import Adapter
-from app.db.types import utcnow
 from app.refused import FieldRefused
-from app.storage import Storage
 
 # The largest rank an adapter may have (r of A: r x in, B: out x r).
 MAX_RANK = 256
@@ -87,10 +79,6 @@ class CheckedAdapter:
     rank: int
     pairs: int  # adapted layers
     family: str
-
-
-def adapter_key(tenant_id: object, sha256: str) -> str:
-    return f"{tenant_id}/adapters/{sha256}.safetensors"
 
 
 def read_header(data: bytes, *, field: str) -> dict[str, Any]:
@@ -229,52 +217,3 @@ def check(data: bytes, family: Family, *, field: str, max_bytes: int) -> Checked
     tensors = read_header(data, field=field)
     rank, pairs = check_lora(tensors, family, field=field)
     return CheckedAdapter(data, hashlib.sha256(data).hexdigest(), rank, pairs, family.name)
-
-
-def store(
-    session: Session,
-    storage: Storage,
-    tenant_id: uuid.UUID,
-    adapter: CheckedAdapter,
-    *,
-    name: str | None,
-    model: str,
-) -> Adapter:
-    """Put the file under the tenant's prefix (once per digest) and record it: a new row,
-    or the same file's row (named anew, undeleted). Commits."""
-    storage.put(adapter_key(tenant_id, adapter.sha256), adapter.data, "application/octet-stream")
-    row = session.scalar(
-        select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.sha256 == adapter.sha256)
-    )
-    if row is None:
-        row = Adapter(
-            tenant_id=tenant_id,
-            sha256=adapter.sha256,
-            bytes=len(adapter.data),
-            rank=adapter.rank,
-            layers=adapter.pairs,
-            family=adapter.family,
-            model=model,
-            created_at=utcnow(),
-        )
-        session.add(row)
-    row.name = name
-    row.deleted_at = None
-    session.commit()
-    return row
-
-
-def find(session: Session, tenant_id: uuid.UUID, adapter_id: uuid.UUID) -> Adapter | None:
-    """The tenant's adapter; None for another tenant's or a deleted one, as for none."""
-    row = session.scalar(
-        select(Adapter).where(Adapter.id == adapter_id, Adapter.tenant_id == tenant_id)
-    )
-    return None if row is None or row.deleted_at is not None else row
-
-
-def listing(session: Session, tenant_id: uuid.UUID) -> Sequence[Adapter]:
-    return session.scalars(
-        select(Adapter)
-        .where(Adapter.tenant_id == tenant_id, Adapter.deleted_at.is_(None))
-        .order_by(Adapter.id)
-    ).all()

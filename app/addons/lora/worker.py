@@ -26,29 +26,27 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Container, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Container, Iterable, Mapping, Sequence
+from typing import Any
 
-from app.adapters import adapter_key
-from app.kinds.base import Lora
+from app.addons.base import AddonMissing, AddonWorker, ByteCache
+from app.addons.lora import LORA
+from app.addons.lora.item import Lora
+from app.addons.lora.store import adapter_key
 from app.metrics.instruments import (
     ADAPTER_EVICTIONS,
     ADAPTER_HITS,
     ADAPTER_LOAD_DURATION,
     ADAPTER_LOADS,
 )
-from app.storage import StorageError, StorageUnavailable
-from app.storage.retry import get_with_retry
-
-if TYPE_CHECKING:
-    from workers.runtime import WorkerRuntime
+from app.storage.retry import get_kept
 
 log = logging.getLogger(__name__)
 # Adapter sets remembered as warm (each checked against the caches when asked).
 WARM_SETS = 256
 
 
-class AdapterMissing(Exception):
+class AdapterMissing(AddonMissing):
     """An adapter the job names is no longer stored (deleted), or not what it was."""
 
 
@@ -56,28 +54,28 @@ class AdapterMemory:
     """Adapters as CPU tensors, by digest, LRU bounded in bytes (the file's size)."""
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[str, tuple[dict[str, Any], int]] = OrderedDict()
-        self._bytes = 0
+        self._cache: ByteCache[str] = ByteCache(max_bytes, on_evict=_evicted)
         self._lock = threading.Lock()
         # adapter set -> its digests, most recent last (app/kinds `JobRequest.adapter_set`)
         self._sets: OrderedDict[str, tuple[str, ...]] = OrderedDict()
 
     def __contains__(self, sha256: str) -> bool:
-        return sha256 in self._items
+        return sha256 in self._cache
+
+    @property
+    def max_bytes(self) -> int:
+        return self._cache.max_bytes
 
     @property
     def bytes(self) -> int:
-        return self._bytes
+        return self._cache.bytes
 
-    def tensors(self, rt: WorkerRuntime, tenant_id: Any, lora: Lora) -> dict[str, Any]:
+    def tensors(self, rt: Any, tenant_id: Any, lora: Lora) -> dict[str, Any]:
         """The adapter's tensors (CPU), read and parsed on a miss."""
-        with self._lock:
-            found = self._items.get(lora.sha256)
-            if found is not None:
-                self._items.move_to_end(lora.sha256)
-                ADAPTER_HITS.labels("memory").inc()
-                return found[0]
+        found = self._cache.get(lora.sha256)
+        if found is not None:
+            ADAPTER_HITS.labels("memory").inc()
+            return found
         started = time.perf_counter()
         data = _read(rt, tenant_id, lora)
         if hashlib.sha256(data).hexdigest() != lora.sha256:
@@ -89,14 +87,7 @@ class AdapterMemory:
         ADAPTER_LOADS.labels("store").inc()
         ADAPTER_LOAD_DURATION.labels("store").observe(seconds)
         log.info("adapter %s read from the store in %.3fs", lora.sha256[:12], seconds)
-        with self._lock:
-            if lora.sha256 not in self._items:
-                self._items[lora.sha256] = (tensors, len(data))
-                self._bytes += len(data)
-            while self._bytes > self.max_bytes and len(self._items) > 1:
-                _, (_, size) = self._items.popitem(last=False)
-                self._bytes -= size
-                ADAPTER_EVICTIONS.labels("memory").inc()
+        self._cache.put(lora.sha256, tensors, len(data))
         return tensors
 
     def ran(self, loras: Iterable[Lora], adapter_set: str) -> None:
@@ -112,35 +103,26 @@ class AdapterMemory:
     def warm_sets(self, where: Container[str] | None = None) -> tuple[str, ...]:
         """The adapter sets whose adapters are all in memory now, or all in `where` (a
         pipeline's loaded adapters); "" (no adapters) always is."""
+        inside = self._cache if where is None else where
         with self._lock:
-            inside = self._items if where is None else where
-            held = [key for key, shas in self._sets.items() if all(s in inside for s in shas)]
+            sets = list(self._sets.items())
+        held = [key for key, shas in sets if all(s in inside for s in shas)]
         return ("", *held)
 
 
-def _read(rt: WorkerRuntime, tenant_id: Any, lora: Lora) -> bytes:
+def _evicted(_sha256: str, _tensors: Any) -> None:
+    ADAPTER_EVICTIONS.labels("memory").inc()
+
+
+def _read(rt: Any, tenant_id: Any, lora: Lora) -> bytes:
     if lora.name is not None:  # a shared adapter: the catalog's file
         shared = rt.catalog.adapters.get(lora.name)
         if shared is None or not shared.path.is_file():
             raise AdapterMissing(f"the shared adapter {lora.name!r} is not on this worker")
         return shared.path.read_bytes()
-    settings = rt.settings
-    try:
-        return get_with_retry(
-            rt.storage,
-            adapter_key(tenant_id, lora.sha256),
-            retries=settings.upload_retries,
-            backoff=settings.upload_backoff,
-            backoff_max=settings.upload_backoff_max,
-        )
-    except StorageUnavailable:
-        raise
-    except StorageError as exc:
-        if exc.transient:
-            raise
-        raise AdapterMissing(
-            f"the adapter {lora.sha256[:12]}… is no longer stored (deleted)"
-        ) from exc
+    gone = f"the adapter {lora.sha256[:12]}… is no longer stored (deleted)"
+    key = adapter_key(tenant_id, lora.sha256)
+    return get_kept(rt.storage, key, rt.settings, AdapterMissing(gone))
 
 
 class PipelineAdapters:
@@ -291,3 +273,21 @@ def _on_device(pipeline: Any, tensors: Mapping[str, Any]) -> dict[str, Any]:
         key: value.to(device=device, dtype=dtype if value.is_floating_point() else None, copy=True)
         for key, value in tensors.items()
     }
+
+
+class LoraWorker(AddonWorker):
+    """LoRA's worker half (app/addons/base.py): a job's adapters read into the worker's
+    memory; a call's made active in its model's pipeline."""
+
+    def fetch(self, rt: Any, model: Any, tenant_id: Any, items: Sequence[Lora]) -> dict[str, Any]:
+        return {lora.sha256: rt.adapter_memory.tensors(rt, tenant_id, lora) for lora in items}
+
+    def before_call(self, model: Any, items: Sequence[Lora], fetched: Mapping[str, Any]) -> None:
+        if items or model.adapters.loaded:
+            model.adapters.activate(model.pipeline, tuple(items), fetched)
+
+    def ran(self, rt: Any, items: Sequence[Lora]) -> None:
+        rt.adapter_memory.ran(items, LORA.set_key(items))
+
+
+LORA_WORKER = LoraWorker()

@@ -17,9 +17,7 @@ model, is a 422 naming the control, never a worker's crash.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,13 +25,8 @@ from typing import Any
 # A control's scale: 0 (no effect) .. SCALE_LIMIT (diffusers' own examples stay under 2).
 SCALE_LIMIT = 2.0
 PREPROCESSORS = ("none", "canny")
-# The stored request's key for a job's controls (absent for a job without).
-STORED_KEY = "controls"
 # OpenCV Canny's hysteresis thresholds, as the reference canny ControlNets used.
 CANNY_LOW, CANNY_HIGH = 100, 200
-# What one control adds to a job's work in the estimate: a ControlNet runs a copy of
-# the UNet's encoder half beside it at every step (about 0.4 of the UNet's cost).
-CONTROL_WORK = 0.4
 
 
 @dataclass(frozen=True)
@@ -83,15 +76,6 @@ class Control:
         )
 
 
-def control_set(controls: tuple[Control, ...]) -> str:
-    """SHA-256 of the controls ("" for none): jobs of one set may share a pipeline call
-    (the same ControlNets, images and settings for every row)."""
-    if not controls:
-        return ""
-    canonical = json.dumps([c.stored() for c in controls], sort_keys=True)
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
 def input_field(index: int) -> str:
     """The input-image field of control `index` (what the worker loads it under)."""
     return f"controls.{index}.image"
@@ -135,3 +119,40 @@ def preprocessed(image: Any, preprocess: str, width: int, height: int) -> Any:
         edges = cv2.Canny(np.asarray(image.convert("L")), CANNY_LOW, CANNY_HIGH)
         image = Image.fromarray(edges).convert("RGB")
     return image
+
+
+def control_images(job: Any, inputs: Mapping[str, Any], box: Any = None) -> list[Any]:
+    """Each of the job's control images (PIL, by its input field in `inputs`) at the
+    output's size, cropped to `box` where an inpainting redraws its masked region alone,
+    preprocessed as its control asks."""
+    width, height = job.width, job.height
+    images = []
+    for index, control in enumerate(job.controls):
+        image = inputs[input_field(index)].convert("RGB")
+        if box is not None:
+            image = image.resize((width, height)).crop(box)
+        images.append(preprocessed(image, control.preprocess, width, height))
+    return images
+
+
+def control_keywords(
+    controls: Sequence[Control], images: Sequence[Any], keyword: str
+) -> dict[str, Any]:
+    """The ControlNet keywords of a call (one image per control, which diffusers repeats
+    for every row), the images under the kind's `keyword`."""
+    images = list(images)
+    if len(controls) == 1:
+        control = controls[0]
+        return {
+            keyword: images[0],
+            "controlnet_conditioning_scale": control.scale,
+            "control_guidance_start": control.start,
+            "control_guidance_end": control.end,
+        }
+    return {
+        keyword: images,
+        "controlnet_conditioning_scale": [c.scale for c in controls],
+        "control_guidance_start": [c.start for c in controls],
+        "control_guidance_end": [c.end for c in controls],
+        "control_mode": [None] * len(controls),  # FLUX's pipelines (workers/call.py)
+    }
