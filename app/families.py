@@ -24,8 +24,9 @@ Add-on weights (LoRA adapters, ControlNets) attach to layers whose widths a mode
 architecture fixes, so each declares an add-on family (`ADDON_FAMILIES`: sd15, sd2, sdxl,
 flux, and the tiny test models' tiny and tiny-flux), the same one a model declares in its
 catalog entry (`lora_family`). An add-on family belongs to one model family, and says
-whether LoRA adapters of it are taken here: a FLUX model takes ControlNets
-(`controlnet_class`, FluxControlNetModel) but no LoRA yet.
+whether LoRA adapters of it are taken here (every one of today's does: a FLUX model takes
+LoRA adapters on its transformer, and ControlNets of `controlnet_class`,
+FluxControlNetModel).
 
 tests/worker/test_families.py runs a tiny random-weight pipeline of each family
 (workers/tiny.py) with every scheduler its family offers.
@@ -155,8 +156,8 @@ ADDON_FAMILIES: dict[str, AddonFamily] = {
         AddonFamily("sd2", "sd", True),
         AddonFamily("sdxl", "sd", True),
         AddonFamily("tiny", "sd", True),  # workers/tiny.py
-        AddonFamily("flux", "flux", False),
-        AddonFamily("tiny-flux", "flux", False),  # workers/tiny_flow.py
+        AddonFamily("flux", "flux", True),
+        AddonFamily("tiny-flux", "flux", True),  # workers/tiny_flow.py
     )
 }
 

@@ -274,13 +274,22 @@ def model_build_tiny_controlnet(dir, seed, family) -> int:
     help="the rank of every layer's pair",
 )
 @click.option("--text-encoder", is_flag=True, help="adapt the text encoder's attention too")
+@click.option(
+    "--family",
+    type=click.Choice(["sd", "flux"]),
+    default="sd",
+    show_default=True,
+    help='the tiny model it is for: sd (lora_family = "tiny") or flux '
+    '(lora_family = "tiny-flux", its transformer adapted)',
+)
 @click.option("--overwrite", is_flag=True, help="replace PATH if it exists")
-def model_build_tiny_lora(path, seed, rank, text_encoder, overwrite) -> int:
+def model_build_tiny_lora(path, seed, rank, text_encoder, family, overwrite) -> int:
     """Save a random LoRA adapter (.safetensors) for the tiny model to PATH.
 
     It fits the tiny SD model that `diffq model build-tiny` and `scripts/up` build (a
-    model with lora_family = "tiny"): upload it with POST /v1/adapters and name it in a
-    job's loras. Its weights are noise, as the model's are."""
+    model with lora_family = "tiny"), or with --family flux the tiny FLUX model: upload
+    it with POST /v1/adapters and name it in a job's loras. Its weights are noise, as
+    the model's are."""
     from pathlib import Path
 
     if Path(path).exists() and not overwrite:  # said before seconds of importing torch
@@ -288,7 +297,12 @@ def model_build_tiny_lora(path, seed, rank, text_encoder, overwrite) -> int:
     from workers.tiny import save_tiny_lora
 
     saved, checked = save_tiny_lora(
-        path, seed=seed, rank=rank, text_encoder=text_encoder, overwrite=overwrite
+        path,
+        seed=seed,
+        rank=rank,
+        text_encoder=text_encoder,
+        family="tiny-flux" if family == "flux" else "tiny",
+        overwrite=overwrite,
     )
     print(
         f"tiny LoRA adapter saved to {saved} (family {checked.family}, rank {checked.rank}, "

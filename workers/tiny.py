@@ -144,17 +144,19 @@ def build_tiny_lora(
     cross_attention_dim: int = 32,
     text_encoder: bool = False,
     strength: float = 0.3,
+    family: str = "tiny",
 ) -> bytes:
     """A random LoRA for the tiny model's UNet (every attention projection), as
     safetensors bytes in the diffusers/PEFT form (`unet.<module>.lora_A.weight`).
     `cross_attention_dim` other than 32 makes one for another family (its cross-attention
     projections take that many features); `text_encoder` adds the text encoder's
-    attention projections."""
+    attention projections. `family="tiny-flux"`: one for the tiny FLUX model's
+    transformer instead (`transformer.<module>`: every attention projection of its
+    double and single stream blocks, the context's included)."""
     import torch
     from safetensors.torch import save
 
     generator = torch.Generator().manual_seed(seed)
-    unet = build_tiny_pipeline(0).unet
     tensors: dict[str, torch.Tensor] = {}
 
     def pair(prefix: str, in_features: int, out_features: int) -> None:
@@ -163,7 +165,16 @@ def build_tiny_lora(
         tensors[f"{prefix}.lora_A.weight"] = down.contiguous()
         tensors[f"{prefix}.lora_B.weight"] = up.contiguous()
 
-    for name, module in unet.named_modules():
+    if family == "tiny-flux":
+        from workers.tiny_flow import build_tiny_flux_pipeline
+
+        projections = ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj")
+        transformer = build_tiny_flux_pipeline(0).transformer
+        for name, module in transformer.named_modules():
+            if isinstance(module, torch.nn.Linear) and name.split(".")[-1] in projections:
+                pair(f"transformer.{name}", module.in_features, module.out_features)
+        return save(tensors)
+    for name, module in build_tiny_pipeline(0).unet.named_modules():
         if isinstance(module, torch.nn.Linear) and name.split(".")[-1] in ("to_q", "to_k", "to_v"):
             in_features = module.in_features
             if ".attn2." in f".{name}" and name.endswith(("to_k", "to_v")):
@@ -182,15 +193,17 @@ def save_tiny_lora(
     *,
     rank: int = 4,
     text_encoder: bool = False,
+    family: str = "tiny",
     overwrite: bool = False,
 ):
     """Write `build_tiny_lora`'s adapter to `path` (`diffq model build-tiny-lora`), checked
-    first as `POST /v1/adapters` checks it for a `lora_family = "tiny"` model; return the
-    path and that check (`CheckedAdapter`). A reader never sees half a file."""
+    first as `POST /v1/adapters` checks it for a model of `family` ("tiny" or
+    "tiny-flux"); return the path and that check (`CheckedAdapter`). A reader never sees
+    half a file."""
     from app.addons.lora.checks import FAMILIES, check
 
-    data = build_tiny_lora(seed, rank=rank, text_encoder=text_encoder)
-    checked = check(data, FAMILIES["tiny"], field="file", max_bytes=len(data))
+    data = build_tiny_lora(seed, rank=rank, text_encoder=text_encoder, family=family)
+    checked = check(data, FAMILIES[family], field="file", max_bytes=len(data))
     out = Path(path)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists")

@@ -2,8 +2,9 @@
 loading tiny random-weight SD3 and FLUX pipelines (workers/tiny_flow.py) from their
 directories, the outcome in PostgreSQL and the image in S3. A scheduler of another family
 is refused at submit, a 422 naming `scheduler`; a few-step preset's defaults run. A FLUX
-ControlNet steers a FLUX job of every image kind; an SD ControlNet or a LoRA on the FLUX
-model, and the FLUX ControlNet on an SD model, are a 422 naming the field."""
+ControlNet steers a FLUX job of every image kind, and a FLUX LoRA uploaded for the FLUX
+model changes its image; an SD ControlNet or an SD LoRA on the FLUX model, and the FLUX
+ControlNet or a FLUX LoRA on an SD model, are a 422 naming the field."""
 
 from __future__ import annotations
 
@@ -206,11 +207,51 @@ def test_an_add_on_of_another_family_is_a_422_naming_the_field(
         assert "controlnet" in errors["controls"]["0"], errors
 
 
-def test_the_models_endpoint_offers_a_flux_model_its_controlnets_and_no_lora(families, tenant_key):
+def test_the_models_endpoint_offers_a_flux_model_its_controlnets_and_loras(families, tenant_key):
+    from app.catalog import ModelSpec
+
     response = requests.get(f"{families.url}/v1/models", headers=auth(tenant_key), timeout=10)
     models = {m["name"]: m for m in response.json()["data"]}
     flux = models["tiny-flux"]
-    assert (flux["lora_family"], flux["max_loras"], flux["shared_adapters"]) == ("tiny-flux", 0, [])
+    most = ModelSpec.__dataclass_fields__["max_loras"].default  # the catalog's default
+    assert (flux["lora_family"], flux["max_loras"], flux["shared_adapters"]) == (
+        "tiny-flux",
+        most,
+        [],  # the catalog's shared adapter is an SD one
+    )
     assert (flux["controlnets"], flux["max_controls"]) == (["tiny-flux-canny"], 2)
     assert "tiny-flux-canny" not in models["tiny"]["controlnets"]
     assert models["tiny-sd3"]["max_controls"] == 0
+
+
+def _upload_adapter(url: str, key: str, data: bytes, model: str) -> requests.Response:
+    return requests.post(
+        f"{url}/v1/adapters",
+        files={"file": ("style.safetensors", data)},
+        data={"model": model},
+        headers=auth(key),
+        timeout=30,
+    )
+
+
+def test_a_flux_lora_uploaded_for_the_flux_model_changes_its_image(families, tenant_key):
+    from workers.tiny import build_tiny_lora
+
+    flux_lora = build_tiny_lora(5, family="tiny-flux", strength=0.5)
+    # Each refused at upload for a model of the other architecture, naming the file.
+    for data, model in ((flux_lora, "tiny"), (build_tiny_lora(5), "tiny-flux")):
+        refused = _upload_adapter(families.url, tenant_key, data, model)
+        assert refused.status_code == 422, refused.text
+        assert "file" in refused.json()["errors"]["files"], refused.text
+    made = _upload_adapter(families.url, tenant_key, flux_lora, "tiny-flux")
+    assert made.status_code == 201, made.text
+    assert made.json()["family"] == "tiny-flux"
+    body = {"model": "tiny-flux", "prompt": "a lantern", "seed": 7, "cache": False}
+    plain = submit(families.url, tenant_key, **body)
+    styled = submit(families.url, tenant_key, **body, loras=[{"id": made.json()["id"]}])
+    plain, styled = (wait_terminal(families.url, tenant_key, j["id"]) for j in (plain, styled))
+    assert plain["status"] == styled["status"] == "succeeded", (plain, styled)
+    assert styled["result"]["manifest"]["loras"][0]["sha256"] == made.json()["sha256"]
+    assert _pixels(styled["result"]["images"][0]["url"]) != _pixels(
+        plain["result"]["images"][0]["url"]
+    )

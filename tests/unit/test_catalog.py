@@ -76,8 +76,9 @@ def test_a_default_model_that_is_not_defined_is_refused(tmp_path):
 
 
 def test_an_add_on_family_fits_its_model_family_and_says_whether_loras_apply(tmp_path):
-    """A FLUX model takes FLUX ControlNets (its add-on family `flux` or `tiny-flux`) and no
-    LoRA yet; an SD model's add-on family takes both (app/families.py ADDON_FAMILIES)."""
+    """A FLUX model takes FLUX ControlNets and LoRAs (its add-on family `flux` or
+    `tiny-flux`), an SD model its family's (app/families.py ADDON_FAMILIES); a model
+    without an add-on family takes none."""
     catalog = _catalog(
         tmp_path,
         '[models.f]\npath = "/f"\nfamily = "flux"\nlora_family = "flux"\n'
@@ -86,7 +87,7 @@ def test_an_add_on_family_fits_its_model_family_and_says_whether_loras_apply(tmp
         '[controlnets.f-canny]\npath = "/fc"\nfamily = "flux"\n',
     )
     flux, sdxl, plain = (catalog.models[n] for n in ("f", "s", "plain"))
-    assert (flux.lora_limit, flux.control_limit) == (0, flux.max_controls) != (0, 0)
+    assert (flux.lora_limit, flux.control_limit) == (flux.max_loras, flux.max_controls) != (0, 0)
     assert (sdxl.lora_limit, sdxl.control_limit) == (sdxl.max_loras, 3) != (0, 3)
     assert (plain.lora_limit, plain.control_limit) == (0, 0)
     assert catalog.controlnets["f-canny"].family == "flux"
@@ -99,8 +100,8 @@ def test_an_add_on_family_fits_its_model_family_and_says_whether_loras_apply(tmp
         ('[models.s]\npath = "/s"\nlora_family = "flux"\n', "is for flux models"),
         ('[models.s]\npath = "/s"\nlora_family = "sd9"\n', "lora_family must be one of"),
         (
-            '[models.s]\npath = "/s"\n[adapters.a]\npath = "/a.st"\nfamily = "flux"\n',
-            r"family \(one of \['sd15', 'sd2', 'sdxl', 'tiny'\]\)",
+            '[models.s]\npath = "/s"\n[adapters.a]\npath = "/a.st"\nfamily = "sd9"\n',
+            r"family \(one of \['flux', 'sd15', 'sd2', 'sdxl', 'tiny', 'tiny-flux'\]\)",
         ),
     ],
 )

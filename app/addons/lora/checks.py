@@ -7,10 +7,12 @@ header naming each tensor's dtype, shape and byte range, then the bytes. Anythin
 interpreted; a file whose tensors run past its end is truncated. Its keys must be LoRA
 pairs (the diffusers/PEFT `lora_A`/`lora_B` form or kohya's `lora_down`/`lora_up`), each
 pair of one rank, at most `MAX_RANK`, and they must fit the base model's family
-(`FAMILIES`): a cross-attention projection's input is the family's text embedding width
-(768 for SD 1.5, 2048 for SDXL), a text encoder's its hidden size, and a second text
-encoder only where the family has one. So an SDXL LoRA for an SD 1.5 model is refused at
-upload, naming the mismatch, never found out by a worker.
+(`FAMILIES`): its denoiser (a UNet's keys for Stable Diffusion, a transformer's for FLUX,
+in the diffusers form), a UNet's cross-attention projection's input the family's text
+embedding width (768 for SD 1.5, 2048 for SDXL), a FLUX attention projection's the
+transformer's width (3072), a text encoder's its hidden size, and a second text encoder
+only where the family has one. So an SDXL LoRA for an SD 1.5 model, or an SD one for a
+FLUX model, is refused at upload, naming the mismatch, never found out by a worker.
 """
 
 from __future__ import annotations
@@ -50,11 +52,15 @@ DTYPE_BYTES = {
 @dataclass(frozen=True)
 class Family:
     """What a base model family's LoRAs must fit: its cross-attention input width (the
-    text embedding) and its text encoders' hidden sizes (one or two)."""
+    text embedding; a FLUX transformer's joint attention reads the T5's), its text
+    encoders' hidden sizes (one or two), and its denoiser: a UNet, or a transformer whose
+    attention projections take `inner_dim` features."""
 
     name: str
     cross_attention_dim: int
     text_hidden: tuple[int, ...]
+    denoiser: str = "unet"
+    inner_dim: int = 0
 
 
 FAMILIES: dict[str, Family] = {
@@ -64,6 +70,8 @@ FAMILIES: dict[str, Family] = {
         Family("sd2", 1024, (1024,)),
         Family("sdxl", 2048, (768, 1280)),
         Family("tiny", 32, (32,)),  # workers/tiny.py
+        Family("flux", 4096, (768,), "transformer", 3072),
+        Family("tiny-flux", 32, (32,), "transformer", 32),  # workers/tiny_flow.py
     )
 }
 
@@ -121,9 +129,10 @@ def read_header(data: bytes, *, field: str) -> dict[str, Any]:
     return tensors
 
 
-# diffusers / PEFT: unet.<module>.lora_A.weight (also .lora.down.weight), text_encoder[_2].
+# diffusers / PEFT: unet.<module>.lora_A.weight (also .lora.down.weight), transformer.<…>
+# (FLUX), text_encoder[_2].
 _PEFT = re.compile(
-    r"^(?P<component>unet|text_encoder|text_encoder_2)\.(?P<module>.+?)"
+    r"^(?P<component>unet|transformer|text_encoder|text_encoder_2)\.(?P<module>.+?)"
     r"\.(?:(?P<peft>lora_[AB])\.weight|lora\.(?P<old>down|up)\.weight|(?P<alpha>alpha))$"
 )
 # kohya: lora_unet_<module>.lora_down.weight, lora_te[1|2]_<module>…, <prefix>.alpha
@@ -131,12 +140,14 @@ _KOHYA = re.compile(
     r"^lora_(?P<component>unet|te|te1|te2)_(?P<module>[^.]+)"
     r"\.(?:lora_(?P<part>down|up)\.weight|(?P<alpha>alpha))$"
 )
-_COMPONENTS = {"unet": "unet", "text_encoder": "te1", "te": "te1", "te1": "te1"}
+_COMPONENTS = {"unet": "unet", "transformer": "transformer"}
+_COMPONENTS |= {"text_encoder": "te1", "te": "te1", "te1": "te1"}
 _COMPONENTS |= {"text_encoder_2": "te2", "te2": "te2"}
 
 
 def _parse_key(key: str) -> tuple[str, str, str] | None:
-    """(component: unet/te1/te2, module with dots as underscores, part: down/up/alpha)."""
+    """(component: unet/transformer/te1/te2, module with dots as underscores, part:
+    down/up/alpha)."""
     match = _PEFT.match(key)
     if match:
         part = (
@@ -183,6 +194,26 @@ def check_lora(tensors: dict[str, Any], family: Family, *, field: str) -> tuple[
             raise AdapterRefused(field, f"Rank {down[0]} at {where}: at most {MAX_RANK}.")
         rank = max(rank, down[0])
         width = down[1]
+        if component == "unet" and re.match(r"(double|single)_blocks_", module):
+            raise AdapterRefused(
+                field,
+                f"{where}: kohya's FLUX form is not taken; save it in the diffusers form "
+                "(transformer.<module>.lora_A.weight), as diffusers' converters do.",
+            )
+        if component in ("unet", "transformer") and component != family.denoiser:
+            raise AdapterRefused(
+                field,
+                f"Not for the {family.name} family: made for a {component} "
+                f"({'FLUX' if component == 'transformer' else 'Stable Diffusion'}), "
+                f"{family.name} models have a {family.denoiser}.",
+            )
+        projection = re.search(r"attn_(to_[qkv]|add_[qkv]_proj)$", module)
+        if component == "transformer" and projection and width != family.inner_dim:
+            raise AdapterRefused(
+                field,
+                f"Not for the {family.name} family: {where} takes {width} features, "
+                f"{family.name} models' attention takes {family.inner_dim}.",
+            )
         if component == "te2" and len(family.text_hidden) < 2:
             raise AdapterRefused(
                 field,

@@ -267,8 +267,8 @@ def _on_device(pipeline: Any, tensors: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of the adapter's tensors on the pipeline's device and dtype: loading
     assigns them to the new layers (low_cpu_mem_usage) and a hot swap writes into those,
     so the cached tensors must never be handed over themselves."""
-    unet = pipeline.unet
-    device, dtype = unet.device, unet.dtype
+    denoiser = getattr(pipeline, "unet", None) or pipeline.transformer  # FLUX's
+    device, dtype = denoiser.device, denoiser.dtype
     return {
         key: value.to(device=device, dtype=dtype if value.is_floating_point() else None, copy=True)
         for key, value in tensors.items()

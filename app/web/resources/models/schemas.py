@@ -179,7 +179,7 @@ class ModelSchema(ma.Schema):
         metadata={
             "description": "The add-on family its add-on weights must fit: LoRA adapters "
             "(`POST /v1/adapters`, where `max_loras` is above 0) and ControlNets; null: the "
-            "model takes none. A FLUX model's (`flux`) takes ControlNets, no LoRA yet.",
+            "model takes none. A FLUX model's (`flux`) takes FLUX LoRAs and ControlNets.",
             "example": "sd15",
         },
     )
