@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models.jobs import Job
 from app.db.types import utcnow
-from app.jobs.queue_info import CostModel, fit, recent_runs, time_left, work
+from app.jobs.queue_info import CostModel, at_pace_now, fit, recent_runs, time_left, work
 from app.jobs.states import JobStatus
 from app.kinds import JobRequest
 
@@ -61,6 +61,7 @@ def estimate(session: Session, model: str, queue: str, request: JobRequest) -> E
     ).all()
     if cost is None:
         return Estimate(None, None, queued, len(running), samples)
+    cost = at_pace_now(cost, [(params, progress) for params, _, progress in running])
     seen = [cost.seconds(work(params)) for params in queued_inputs]
     waiting = sum(seen) + (queued - len(seen)) * (sum(seen) / len(seen) if seen else 0.0)
     now = utcnow()

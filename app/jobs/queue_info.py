@@ -12,6 +12,7 @@ was. It is an estimate, and the API documents it as one.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +124,25 @@ def time_left(cost: CostModel, units: float, progress: dict | None, elapsed: flo
     return max(0.0, cost.seconds(units) - elapsed) if left is None else left
 
 
+def at_pace_now(cost: CostModel, running: Sequence[tuple[Any, Any]]) -> CostModel:
+    """`cost` at the machine's speed now: where a job of the queue (`running`: each one's
+    stored input and progress) is denoising at a measured pace (`seconds_per_step`), the
+    others are charged at that pace (the median of those running), their fixed part
+    scaled alike. The recent runs it was fitted to may have run on a machine three times
+    as busy, or as idle, as now."""
+    paces = []
+    for params, progress in running:
+        progress = progress or {}
+        pace, total = progress.get("seconds_per_step"), progress.get("total_steps", 0)
+        units = work(params)
+        if progress.get("stage") == "denoising" and pace and total > 0 and units > 0:
+            paces.append(pace * total / units)
+    if not paces or cost.per_unit <= 0:
+        return cost
+    per_unit = statistics.median(paces)
+    return CostModel(cost.fixed * per_unit / cost.per_unit, per_unit)
+
+
 def running_eta(job: Job) -> QueueInfo | None:
     """A running job's seconds left, from its own pace once it is denoising (a long clip's
     "about 3 minutes left"); None before its first step."""
@@ -154,6 +174,7 @@ def queue_info(session: Session, job: Job, fair_window: float | None = None) -> 
             Job.queue == job.queue, Job.status == JobStatus.RUNNING
         )
     ).all()
+    cost = at_pace_now(cost, [(params, progress) for _, params, progress in running])
     now = utcnow()
     remaining = sum(
         time_left(cost, work(params), progress, (now - started).total_seconds())

@@ -104,3 +104,28 @@ def test_the_fit_reads_sizes_from_the_inputs(db, spec):
         cost = cost_model(session, spec.name)
     assert cost == fit([(units(width=128, height=128, steps=8), 2.0)])
     assert cost.seconds(units(width=256, height=256, steps=8)) == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize("speed", [3.0, 1 / 3])
+def test_the_jobs_behind_a_running_one_are_charged_at_its_pace_now(db, spec, speed):
+    """The recent runs were made on a machine `speed` times slower than the running job's
+    measured pace says it is now: the jobs behind it are charged at the pace now (run
+    73's flake: an estimate three times the wait, fitted to runs made under load)."""
+    tenant = factories.tenant(db)
+    size = dict(width=128, height=128, steps=20)
+    # History: 4 steps in 6 s, 20 in 10 s: 5 s fixed and 0.25 s a step.
+    _job(db, tenant, spec, JobStatus.SUCCEEDED, run_seconds=6.0, width=128, height=128, steps=4)
+    _job(db, tenant, spec, JobStatus.SUCCEEDED, run_seconds=10.0, **size)
+    running = _job(db, tenant, spec, JobStatus.RUNNING, seconds_ago=2.0, **size)
+    pace = 0.25 / speed  # its measured seconds per step
+    with db.session() as session:
+        job = session.get(Job, running)
+        job.progress = {"stage": "denoising", "step": 10, "total_steps": 20}
+        job.progress = {**job.progress, "seconds_per_step": pace}
+        session.commit()
+    first = _job(db, tenant, spec, JobStatus.QUEUED, **size)
+    second = _job(db, tenant, spec, JobStatus.QUEUED, **size)
+    ahead, behind = _eta(db, first), _eta(db, second)
+    print(f"\nx{speed:.2f} the history's speed: {ahead} s, then {behind} s")
+    assert ahead == pytest.approx(10 * pace, abs=0.06)  # the running job's 10 steps left
+    assert behind - ahead == pytest.approx(10.0 / speed, abs=0.11)  # one job at the pace now
