@@ -139,11 +139,22 @@ class Addon:
     ) -> Resolved:
         """The request's `values` (its schema's, checked field by field) for `spec`'s
         model: at most `limit`, each one found and fitting the model's add-on family."""
-        most = self.limit(spec, kind)
-        if len(values) > most:
-            message = f"At most {most} {self.noun} for model '{spec.name}' ({kind.name})."
-            return Resolved(errors=[message])
+        refused = self.too_many(spec, kind, len(values))
+        if refused:
+            return Resolved(errors=refused)
         return self.found(spec, values, lookup)
+
+    def too_many(self, spec: ModelSpec, kind: JobKind, count: int) -> list[str]:
+        """The refusal of `count` of them on a job of `kind` on `spec`'s model ([]: none)."""
+        most = self.limit(spec, kind)
+        if count <= most:
+            return []
+        return [f"At most {most} {self.noun} for model '{spec.name}' ({kind.name})."]
+
+    def placeholders(self, count: int) -> tuple:
+        """`count` items that stand for a job's in an estimate, where only their number
+        counts (`work`)."""
+        raise NotImplementedError
 
     def found(self, spec: ModelSpec, values: Sequence[Any], lookup: Lookup) -> Resolved:
         """`resolve`'s, past the count."""

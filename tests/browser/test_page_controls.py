@@ -42,7 +42,9 @@ def test_a_control_image_is_previewed_as_its_edges_and_runs_with_the_job(
     visit.sign_in(tenant_key)
     expect(page.locator("#control-part")).to_be_visible()
     assert page.locator("#f-controlnet option").all_text_contents() == ["None", "tiny-canny"]
-    page.select_option("#f-controlnet", "tiny-canny")
+    # The estimate counts the control (each adds 0.4 to the work) as soon as it is chosen.
+    with page.expect_request(lambda r: "/estimate?" in r.url and "controls=1" in r.url):
+        page.select_option("#f-controlnet", "tiny-canny")
 
     layout = Image.new("RGB", (64, 64), (15, 15, 15))
     layout.paste((240, 160, 30), (16, 12, 48, 52))

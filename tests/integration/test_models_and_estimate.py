@@ -104,6 +104,8 @@ def test_a_clip_is_estimated_by_its_frames(client, tenant_key):
         ("width=128&height=128", "width", "8192"),
         ("steps=x", "steps", "integer"),
         ("loras=1", "loras", "At most 0 adapters"),
+        ("controls=1", "controls", "At most 0 controls"),
+        ("controls=-1", "controls", "greater than or equal to 0"),
     ],
 )
 def test_an_estimate_breaking_a_limit_is_a_422_naming_the_field(
@@ -120,6 +122,20 @@ def test_an_estimate_counts_the_jobs_adapters(client, tenant_key):
     assert plain.status_code == two.status_code == 200, two.json  # the work: tests/unit
     three = client.get("/v1/models/tiny/estimate?loras=3", headers=auth(tenant_key))
     assert three.status_code == 422 and "loras" in three.json["errors"]["query"]
+
+
+def test_an_estimate_counts_the_jobs_controls_up_to_the_kinds_limit(client, tenant_key):
+    two = client.get("/v1/models/tiny/estimate?controls=2", headers=auth(tenant_key))
+    assert two.status_code == 200, two.json  # each control's work: tests/unit/test_addons.py
+    three = client.get("/v1/models/tiny/estimate?controls=3", headers=auth(tenant_key))
+    assert three.status_code == 422
+    assert three.json["errors"]["query"]["controls"] == [
+        "At most 2 controls for model 'tiny' (txt2img)."
+    ]
+    clip = client.get(
+        "/v1/models/tiny-video/estimate?kind=txt2vid&controls=1", headers=auth(tenant_key)
+    )
+    assert clip.status_code == 422 and "(txt2vid)" in clip.json["errors"]["query"]["controls"][0]
 
 
 def test_an_estimate_for_an_unknown_model_is_a_404(client, tenant_key):

@@ -44,6 +44,9 @@ def test_an_addon_is_kept_keyed_estimated_and_batched_by_the_registry(name):
     assert getattr(back, name) == items and back == carrying
     # The estimate: each item adds the add-on's `work`.
     assert carrying.work == pytest.approx(plain.work * (1 + addon.work))
+    # The estimate endpoint's stand-ins count as many (GET /v1/models/{name}/estimate).
+    standing = _request(**{name: addon.placeholders(2)})
+    assert standing.work == pytest.approx(plain.work * (1 + 2 * addon.work))
     # Batch compatibility: its set is a batch field, and differs from none.
     kind = KINDS["txt2img"]
     assert addon.batch_field in kind.batch_fields and BY_BATCH_FIELD[addon.batch_field] is addon

@@ -73,6 +73,9 @@ class ControlNetAddon(Addon):
     def inputs(self, items: Any) -> dict[str, str]:
         return {input_field(index): control.image for index, control in enumerate(items)}
 
+    def placeholders(self, count: int) -> tuple:
+        return tuple(Control("", str(index)) for index in range(count))
+
     def prepare(self, job: Any, inputs: Any, made: Any) -> dict:
         if not job.controls:
             return {}

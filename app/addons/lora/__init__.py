@@ -91,6 +91,9 @@ class LoraAddon(Addon):
         done.items = tuple(found)
         return done
 
+    def placeholders(self, count: int) -> tuple:
+        return tuple(Lora(str(index)) for index in range(count))
+
     def declared(self, name: str, table: dict, base_dir: Path) -> AdapterSpec:
         lora_families = [n for n, a in ADDON_FAMILIES.items() if a.loras]
         path, family = declared_table("adapter", name, table, base_dir, lora_families, "sha256")

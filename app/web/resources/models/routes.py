@@ -6,7 +6,7 @@ from flask import g
 from flask.views import MethodView
 from flask_smorest import abort
 
-from app.addons.lora import Lora
+from app.addons import ADDONS
 from app.catalog import ModelSpec
 from app.jobs import pauses
 from app.jobs.estimate import estimate
@@ -123,16 +123,17 @@ class ModelEstimate(MethodView):
         height = args.get("height", spec.default_height)
         data = {**args, "prompt": "", "width": width, "height": height}
         data.update({field: InputRef("", width, height, "RGB") for field in kind.image_fields})
-        count = data.pop("loras", 0)
+        # Add-ons count by number only (each adds its `work`: app/addons).
+        counts = {name: data.pop(name, 0) for name in ADDONS}
         errors = model_limit_errors(spec, data)
         for field, messages in kind.limit_errors(spec, data).items():
             errors.setdefault(field, []).extend(messages)
-        if count > spec.lora_limit:
-            errors["loras"] = [f"At most {spec.lora_limit} adapters for model '{spec.name}'."]
+        for name, addon in ADDONS.items():
+            if refused := addon.too_many(spec, kind, counts[name]):
+                errors[name] = refused
         if errors:
             abort(422, errors={"query": errors})
-        # Adapters count by number only (each a tenth more work: app/kinds/base.py).
-        data["loras"] = tuple(Lora(str(i), 1.0) for i in range(count))
+        data.update({name: addon.placeholders(counts[name]) for name, addon in ADDONS.items()})
         request = kind.normalize(spec, data)
         found = estimate(request_session(), spec.name, spec.queue, request)
         paused = pauses.is_paused(request_session(), spec.name)

@@ -244,6 +244,14 @@ class EstimateQuerySchema(ma.Schema):
             "a tenth to its work. At most the model's `max_loras`."
         },
     )
+    controls = fields.Integer(
+        validate=validate.Range(min=0),
+        metadata={
+            "description": "How many ControlNet controls the job carries (0 if absent); "
+            "each adds 0.4 to its work. At most the model's `max_controls` (0 on a video "
+            "kind)."
+        },
+    )
     num_frames = fields.Integer(
         metadata={
             "description": "Kinds txt2vid, img2vid: the clip's frames (the default if "

@@ -97,6 +97,12 @@ function choose(file) {
 }
 
 // The request's `controls`: the chosen ControlNet with its image's upload (awaited).
+// How many controls the job would carry (the estimate counts them before any upload).
+export function controlCount() {
+  const name = $("f-controlnet").value;
+  return name && offered().includes(name) ? 1 : 0;
+}
+
 export async function chosenControls() {
   const name = $("f-controlnet").value;
   if (!name || !offered().includes(name)) return [];

@@ -1,7 +1,14 @@
 // The request form: the model's limits shown and the API's 422 messages beside their field.
 import { chosenLoras, fillLoras, offerAdapters, showLoraErrors } from "./adapters.js";
 import { api, ApiError } from "./api.js";
-import { chosenControls, fillControls, offerControls, setupControls, showControlErrors } from "./controls.js";
+import {
+  chosenControls,
+  controlCount,
+  fillControls,
+  offerControls,
+  setupControls,
+  showControlErrors,
+} from "./controls.js";
 import { inputSize, pictureFields, showPicture } from "./picture.js";
 import {
   applyVideoLimits, clipHint, isVideo, showVideo, VIDEO_FIELDS,
@@ -367,6 +374,8 @@ function estimateQuery(body) {
     if (asked[name] !== undefined) query.set(name, asked[name]);
   }
   if (body.loras) query.set("loras", body.loras.length);
+  const controls = isVideo(body.kind) ? 0 : controlCount();
+  if (controls) query.set("controls", controls);
   return query;
 }
 
