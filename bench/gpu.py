@@ -11,13 +11,16 @@ honest; CPU figures say nothing about a GPU.
 "through diffq" runs the embedded mode (SQLite, local files, no server): the pipeline is
 saved, loaded by the worker's own loader and each job goes through workers.execute
 (claim, progress, lease, PNG encode, store, outcome), back to back as a pool process runs
-them. Duty = generation seconds / wall seconds. Only torch, diffusers and transformers are
-needed beyond diffq itself.
+them. Duty = generation seconds / wall seconds. A row's bare images are taken half
+before and half after its diffq jobs, so a drift of the GPU's clocks or the host's load
+weighs on both paths alike; each job has its own prompt (no conditioning cache hit). Only
+torch, diffusers and transformers are needed beyond diffq itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 import time
@@ -164,14 +167,18 @@ time_limit = 1300
 """
 
 
-def _bare(pipeline, device: str, size: int, steps: int, images: int) -> list[float]:
+def _bare(
+    pipeline, device: str, size: int, steps: int, images: int, around=contextlib.nullcontext
+) -> list[float]:
+    """Seconds of each bare call after a warm-up; `around()` is entered around each timed one
+    (bench/step_profile.py profiles there)."""
     import torch
 
     seconds = []
     for i in range(images + 1):  # the first run is a warm-up
         generator = torch.Generator(device=device).manual_seed(i)
         started = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), around() if i else contextlib.nullcontext():
             pipeline(
                 "a red cube",
                 width=size,
@@ -185,84 +192,141 @@ def _bare(pipeline, device: str, size: int, steps: int, images: int) -> list[flo
     return seconds[1:]
 
 
-def _through_diffq(home: Path, name: str, size: int, steps: int, images: int, compiled: bool):
-    """Jobs through workers.execute on an embedded runtime; per-job seconds, wall, busy."""
-    from app.broker.payload import build_payload
-    from app.config import load_settings
-    from app.db.migrate import upgrade
-    from app.jobs.service import create_job
-    from app.jobs.states import Priority
-    from app.keys import get_or_create_tenant
-    from app.kinds import request_from_stored
-    from app.services import Services
-    from workers import call, execute
-    from workers.runtime import build_runtime
+class DiffqPath:
+    """diffq's worker on an embedded runtime (SQLite, local files, no server) serving one
+    model: `job()` runs one job through workers.execute (claim, progress, the pipeline call,
+    PNG encode and store, overlapped, and the outcome), as a pool process runs them back to
+    back; `call()` runs the worker's one pipeline call alone (workers.call.generate on the
+    same loaded model: no database, no thread beside it). `busy` sums the seconds spent
+    inside the pipeline call by jobs."""
 
-    settings = load_settings()
-    upgrade(settings.database_url)
-    rt = build_runtime(Services(settings), [f"gpu.{name}"])
-    model = rt.models[name]
-    if compiled:
-        import torch
+    def __init__(self, name: str, size: int, steps: int, compiled: bool) -> None:
+        from app.config import load_settings
+        from app.db.migrate import upgrade
+        from app.keys import get_or_create_tenant
+        from app.services import Services
+        from workers import call
+        from workers.runtime import build_runtime
 
-        model.pipeline.unet = torch.compile(model.pipeline.unet)
-    busy = [0.0]
-    generate = call.generate
+        settings = load_settings()
+        upgrade(settings.database_url)
+        self.name, self.size, self.steps = name, size, steps
+        self.rt = build_runtime(Services(settings), [f"gpu.{name}"])
+        self.model = self.rt.models[name]
+        if compiled:
+            import torch
 
-    def timed(*args, **kwargs):
+            self.model.pipeline.unet = torch.compile(self.model.pipeline.unet)
+        with self.rt.db.session() as session:
+            self.tenant = get_or_create_tenant(session, f"bench-{uuid.uuid4().hex[:6]}").id
+        self.busy = 0.0
+        self._taken = 0
+        self._generate = call.generate
+
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return self._generate(*args, **kwargs)
+            finally:
+                self.busy += time.perf_counter() - started
+
+        call.generate = timed
+
+    def _params(self) -> dict:
+        self._taken += 1
+        return {
+            # each its own prompt: no conditioning cache hit
+            "prompt": f"a red cube, take {self._taken}",
+            "negative_prompt": None,
+            "model": self.name,
+            "width": self.size,
+            "height": self.size,
+            "steps": self.steps,
+            "guidance_scale": 7.5,
+            "seed": self._taken,
+            "num_images": 1,
+            "scheduler": "default",
+            "output_format": "png",
+            "priority": "normal",
+        }
+
+    def job(self, around=contextlib.nullcontext) -> float:
+        """One job's seconds from its message to its outcome (the message made untimed)."""
+        from app.broker.payload import build_payload
+        from app.jobs.service import create_job
+        from app.jobs.states import Priority
+        from app.kinds import request_from_stored
+        from workers import execute
+
+        with self.rt.db.session() as session:
+            job = create_job(
+                session,
+                self.tenant,
+                model=self.name,
+                queue=f"gpu.{self.name}",
+                priority=Priority.NORMAL,
+                request=request_from_stored(self._params()),
+                metadata=None,
+            )
+            payload = build_payload(job)
         started = time.perf_counter()
-        try:
-            return generate(*args, **kwargs)
-        finally:
-            busy[0] += time.perf_counter() - started
+        with around():
+            execute.execute_job(self.rt, payload, redelivered=False)
+        return time.perf_counter() - started
 
-    call.generate = timed
+    def call(self, around=contextlib.nullcontext) -> float:
+        """The worker's pipeline call alone: seconds."""
+        from app.kinds import KINDS
+
+        params = self._params()
+        fields = ("prompt", "width", "height", "steps", "guidance_scale", "seed")
+        job = KINDS["txt2img"].normalize(self.model.spec, {k: params[k] for k in fields})
+        started = time.perf_counter()
+        with around():
+            self._generate(self.model, [job], on_step=[lambda *_: True])
+        return time.perf_counter() - started
+
+    def drain(self) -> None:
+        if self.rt.postprocessor is not None:
+            self.rt.postprocessor.drain()
+
+    def close(self) -> None:
+        from workers import call
+
+        self.drain()
+        call.generate = self._generate
+        self.rt.close()
+
+
+def _through_diffq(name: str, size: int, steps: int, images: int, compiled: bool):
+    """Jobs through diffq after a warm-up job: per-job seconds, wall, busy (seconds inside
+    the pipeline call)."""
+    path = DiffqPath(name, size, steps, compiled)
     try:
-        with rt.db.session() as session:
-            tenant = get_or_create_tenant(session, f"bench-{uuid.uuid4().hex[:6]}")
-            payloads = []
-            for i in range(images + 1):
-                params = {
-                    "prompt": "a red cube",
-                    "negative_prompt": None,
-                    "model": name,
-                    "width": size,
-                    "height": size,
-                    "steps": steps,
-                    "guidance_scale": 7.5,
-                    "seed": i,
-                    "num_images": 1,
-                    "scheduler": "default",
-                    "output_format": "png",
-                    "priority": "normal",
-                }
-                job = create_job(
-                    session,
-                    tenant.id,
-                    model=name,
-                    queue=f"gpu.{name}",
-                    priority=Priority.NORMAL,
-                    request=request_from_stored(params),
-                    metadata=None,
-                )
-                payloads.append(build_payload(job))
-        execute.execute_job(rt, payloads[0], redelivered=False)  # warm-up
-        if rt.postprocessor is not None:
-            rt.postprocessor.drain()
-        busy[0] = 0.0
-        per_job = []
+        path.job()  # warm-up
+        path.drain()
+        path.busy = 0.0
         started = time.perf_counter()
-        for payload in payloads[1:]:
-            job_started = time.perf_counter()
-            execute.execute_job(rt, payload, redelivered=False)
-            per_job.append(time.perf_counter() - job_started)
-        if rt.postprocessor is not None:
-            rt.postprocessor.drain()
+        per_job = [path.job() for _ in range(images)]
+        path.drain()
         wall = time.perf_counter() - started
+        return per_job, wall, path.busy
     finally:
-        call.generate = generate
-        rt.db.dispose()
-    return per_job, wall, busy[0]
+        path.close()
+
+
+def embedded_environment(root: Path, device: str) -> None:
+    """The worker's settings for an embedded runtime under `root` (its models.toml there)."""
+    os.environ.update(
+        {
+            "DIFFQ_HOME": str(root / "home"),
+            "DIFFQ_MODELS_FILE": str(root / "models.toml"),
+            "DIFFQ_DEVICE": device,
+            "DIFFQ_WORKER_METRICS_PORT": "0",
+        }
+    )
+    for key in ("DIFFQ_DATABASE_URL", "DIFFQ_BROKER_URL", "DIFFQ_STORAGE_URL"):
+        os.environ.pop(key, None)
 
 
 def main() -> None:
@@ -288,16 +352,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        os.environ.update(
-            {
-                "DIFFQ_HOME": str(root / "home"),
-                "DIFFQ_MODELS_FILE": str(root / "models.toml"),
-                "DIFFQ_DEVICE": device,
-                "DIFFQ_WORKER_METRICS_PORT": "0",
-            }
-        )
-        for key in ("DIFFQ_DATABASE_URL", "DIFFQ_BROKER_URL", "DIFFQ_STORAGE_URL"):
-            os.environ.pop(key, None)
+        embedded_environment(root, device)
         tables = []
         for family in args.models:
             size = sizes[family]
@@ -323,10 +378,12 @@ def main() -> None:
                 if compiled:
                     pipeline.unet = torch.compile(pipeline.unet)
                 for steps in steps_list:
-                    bare = _bare(pipeline, device, size, steps, args.images)
-                    per_job, wall, busy = _through_diffq(
-                        root, family, size, steps, args.images, compiled
-                    )
+                    # bare, diffq, bare: the bare rate is both halves', so a drift of the
+                    # GPU's clocks or the host's load over the row weighs on both paths alike
+                    first = args.images // 2
+                    bare = _bare(pipeline, device, size, steps, first)
+                    per_job, wall, busy = _through_diffq(family, size, steps, args.images, compiled)
+                    bare += _bare(pipeline, device, size, steps, args.images - first)
                     common = {
                         "model": family,
                         "size": size,

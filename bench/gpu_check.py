@@ -17,12 +17,14 @@ own time limit inside the budget (`--budget`, 540 s by default):
 1. `tests/gpu` (pytest; a CPU skips them with the reason);
 2. `bench.quality`: each quality tier of SD 1.5 512² and SDXL 1024² against `exact` in
    the same run (denoiser work, seconds an image, PSNR), fp16, 20 steps;
-3. `bench.gpu`: SD 1.5 512² (eager and compiled), then SDXL 1024² (eager), fp16, 20
+3. `bench.step_profile`: one SD 1.5 job through diffq against the bare call, both under
+   torch.profiler (GPU idle, host syncs, garbage collections, operators);
+4. `bench.gpu`: SD 1.5 512² (eager and compiled), then SDXL 1024² (eager), fp16, 20
    steps (random weights in the published layouts: no weights travel);
-4. `bench.duty --jobs 100` at 0.5 s and 2 s (diffq's worker on the embedded stores; its
-   synthetic model never touches the GPU, so it runs beside the GPU steps);
 5. `bench.cold_start`: SD 1.5 and SDXL, process start to first job ready, by phase;
-6. `bench.batching` on SD 1.5.
+6. `bench.batching` on SD 1.5;
+7. `bench.duty --jobs 100` at 0.5 s and 2 s (diffq's worker on the embedded stores, its
+   synthetic model).
 
 The report holds each step's command, status, seconds and its tables (the output's last
 lines). A step that fails or runs out of time is reported as such and the next one runs.
@@ -39,7 +41,6 @@ import platform
 import re
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,11 +48,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 WHEELS = ROOT / ".gpu-wheels"
 SITE = ROOT / ".gpu-site"
-# What the GPU image brings: these and everything they depend on are not shipped.
-IMAGE_HAS = ("torch", "accelerate", "transformers", "safetensors", "pillow")
+# What the GPU image brings: these and everything they depend on are not shipped
+# (OpenCV, 56 MiB, serves ControlNet's canny and is in the image too).
+IMAGE_HAS = (
+    "torch",
+    "accelerate",
+    "transformers",
+    "safetensors",
+    "pillow",
+    "opencv-python-headless",
+)
 # Left behind to keep what travels to the GPU machine under 64 MiB: scipy (35 MiB) serves only
-# the `lms` scheduler, which the GPU checks do not run; Swagger UI only the API's /docs.
-NOT_SHIPPED = ("scipy", "swagger-ui-bundle")
+# the `lms` scheduler, PyAV (36 MiB) only video's encoding, neither of which the GPU checks
+# run; Swagger UI only the API's /docs.
+NOT_SHIPPED = ("scipy", "swagger-ui-bundle", "av")
 TAIL_LINES = 60
 
 
@@ -143,7 +153,6 @@ class Step:
     title: str
     args: list[str]
     limit: float
-    beside: bool = False  # runs in the background, beside the GPU steps
     status: str = "not run"
     seconds: float = 0.0
     output: str = ""
@@ -161,22 +170,20 @@ TESTS = "pytest -p no:cacheprovider -q -rs tests/gpu"
 def steps(dry_run: bool) -> list[Step]:
     if dry_run:
         return [
-            Step("tests/gpu", _module(TESTS), 120),
+            Step("tests/gpu", _module(TESTS), 100),
             Step(
                 "bench.quality (tiny)",
                 _module("bench.quality --models sd flux --seeds 1 --steps 4 --sweep 0.5"),
                 120,
             ),
+            Step("bench.step_profile (scaled down)", _module("bench.step_profile --steps 2"), 120),
             Step(
                 "bench.gpu (scaled down)",
                 _module("bench.gpu --models sd15 --images 1 --steps 1"),
                 300,
             ),
             Step(
-                "bench.duty (embedded)",
-                _module("bench.duty --embedded --jobs 3 --seconds 0.01 --size 64 --modes diffq"),
-                200,
-                beside=True,
+                "bench.cold_start (tiny)", _module("bench.cold_start --models tiny --runs 1"), 200
             ),
             Step(
                 "bench.batching (tiny)",
@@ -187,37 +194,40 @@ def steps(dry_run: bool) -> list[Step]:
                 200,
             ),
             Step(
-                "bench.cold_start (tiny)", _module("bench.cold_start --models tiny --runs 1"), 200
+                "bench.duty (embedded)",
+                _module("bench.duty --embedded --jobs 3 --seconds 0.01 --size 64 --modes diffq"),
+                200,
             ),
         ]
     # In order of what matters most; each limit is a cap, the budget cuts the last ones
-    # (the quality tiers' rows, new, first; cold start and batching get what the steps
-    # before them leave of the budget, and one left no time is reported as not run).
-    # The limits are what each step took on an NVIDIA H200 on 2026-11-28 (docs/performance.md),
-    # plus a margin: the first plan (20 and 30 steps, both models compiled) ran out of time
-    # in every GPU step. SDXL's compile (minutes) is left to `bench.gpu --compile` alone.
+    # (the quality tiers and where a job loses time against the bare call first; then the
+    # bare-against-diffq rows; cold start, batching and duty, measured on 2026-11-28, get
+    # what the steps before them leave, and one left no time is reported as not run). The
+    # limits are what each step took on an NVIDIA H200 on 2026-11-28 and 2026-11-30
+    # (docs/performance.md), plus a margin. Every step runs alone: the SDXL rows of
+    # 2026-11-28 disagreed with each other while bench.duty ran beside them. SDXL's compile
+    # (minutes) is left to `bench.gpu --compile` alone.
     return [
-        Step("tests/gpu", _module(TESTS), 80),
+        Step("tests/gpu", _module(TESTS), 100),
         Step(
             "bench.quality: SD 1.5 512² and SDXL 1024², fp16, 20 steps, each tier vs exact",
             _module("bench.quality --models sd15 sdxl --seeds 2 --steps 20"),
-            100,
+            80,
+        ),
+        Step(
+            "bench.step_profile: SD 1.5 512², fp16, 20 steps, a job through diffq vs the bare call",
+            _module("bench.step_profile --model sd15 --steps 20 --rounds 4"),
+            90,
         ),
         Step(
             "bench.gpu: SD 1.5 512², fp16, 20 steps, eager and compiled",
-            _module("bench.gpu --models sd15 --steps 20 --images 4 --compile"),
-            140,
+            _module("bench.gpu --models sd15 --steps 20 --images 8 --compile"),
+            130,
         ),
         Step(
             "bench.gpu: SDXL 1024², fp16, 20 steps, eager",
-            _module("bench.gpu --models sdxl --steps 20 --images 4"),
-            120,
-        ),
-        Step(
-            "bench.duty --jobs 100, 0.5 s and 2 s (embedded stores, beside the GPU steps)",
-            _module("bench.duty --embedded --jobs 100 --seconds 0.5 2 --modes diffq"),
-            420,
-            beside=True,
+            _module("bench.gpu --models sdxl --steps 20 --images 6"),
+            110,
         ),
         Step(
             "bench.cold_start: SD 1.5 and SDXL (goal: SDXL fp16 from disk in 20 s)",
@@ -230,6 +240,11 @@ def steps(dry_run: bool) -> list[Step]:
                 "bench.batching --model sd15 --steps 20 --jobs 12 --batches 1 4 --rounds 1 --load 2"
             ),
             70,
+        ),
+        Step(
+            "bench.duty --jobs 100, 0.5 s and 2 s (embedded stores, the synthetic model)",
+            _module("bench.duty --embedded --jobs 100 --seconds 0.5 2 --modes diffq"),
+            420,
         ),
     ]
 
@@ -287,14 +302,8 @@ def run(dry_run: bool, report: Path, budget: float) -> int:
     for key in ("DIFFQ_DATABASE_URL", "DIFFQ_BROKER_URL", "DIFFQ_STORAGE_URL", "DIFFQ_MODELS_FILE"):
         env.pop(key, None)
     plan = steps(dry_run)
-    beside = []
-    for step in (s for s in plan if s.beside):
-        _start(step, env)
-        limit = min(step.limit, budget)
-        waiter = threading.Thread(target=_finish, args=(step, time.monotonic(), limit))
-        waiter.start()
-        beside.append(waiter)
-    for step in (s for s in plan if not s.beside):
+    report.parent.mkdir(parents=True, exist_ok=True)
+    for step in plan:
         left = budget - (time.monotonic() - began)
         if left < 5:
             step.status = "not run: the budget was spent"
@@ -302,9 +311,8 @@ def run(dry_run: bool, report: Path, budget: float) -> int:
         started = time.monotonic()
         _start(step, env)
         _finish(step, started, min(step.limit, left))
-    for waiter in beside:
-        waiter.join()
-    report.parent.mkdir(parents=True, exist_ok=True)
+        # written after each step: a run stopped from outside keeps what it measured
+        report.write_text(_markdown(plan, notes, time.monotonic() - began, dry_run))
     report.write_text(_markdown(plan, notes, time.monotonic() - began, dry_run))
     print(f"report: {report}")
     return 0 if all(s.status.startswith(("passed", "skipped")) for s in plan) else 1

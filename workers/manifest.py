@@ -18,6 +18,7 @@ whether the safety checker runs (app/jobs/cache.py keys on it).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -95,7 +96,11 @@ def model_digest(
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()
 
 
+@functools.cache
 def package_version(package: str) -> str | None:
+    """An installed distribution's version, read once a process (importlib.metadata scans
+    every distribution's folder: about 1 ms a name, paid by each job's manifest and
+    checkpoints before this was kept)."""
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:

@@ -39,6 +39,7 @@ def test_the_dry_run_runs_every_step_and_writes_one_report(tmp_path):
         "GPU duty over 3 jobs",  # bench.duty
         "one call per batch size",  # bench.batching
         "Cold start, process start to first job ready",  # bench.cold_start
+        "operators, a job through diffq against bare",  # bench.step_profile
     ):
         assert heading in text, heading
 
@@ -56,17 +57,18 @@ def test_prepare_ships_what_the_gpu_image_lacks_and_nothing_it_has():
 
 
 def test_the_gpu_plan_runs_the_new_rows_first_within_one_ten_minute_command():
-    """The quality tiers' rows come right after the GPU tests; those and the bench.gpu
-    rows fit the budget at their whole limits (540 s, + install: under 600 s); the
-    budget's remainder goes to the steps after them, and one it leaves no time for is
-    reported as not run."""
+    """The rows never measured on a GPU (the quality tiers, then the step profile) come
+    right after the GPU tests; those and the bench.gpu rows fit the budget at their whole
+    limits (540 s, + install: under 600 s); the budget's remainder goes to the steps after
+    them, and one it leaves no time for is reported as not run."""
     plan = steps(dry_run=False)
     commands = [" ".join(step.args[2:]) for step in plan]
-    on_gpu = [s.limit for s in plan if not s.beside]
-    assert sum(on_gpu[:4]) <= 540
-    assert all(s.limit <= 540 for s in plan if s.beside)
+    gpu_rows = [i for i, c in enumerate(commands) if c.startswith("bench.gpu ")]
+    assert sum(s.limit for s in plan[: max(gpu_rows) + 1]) <= 540
+    assert all(s.limit <= 540 for s in plan)
     assert commands[0].endswith("tests/gpu")
     assert commands[1].startswith("bench.quality --models sd15 sdxl")
+    assert commands[2].startswith("bench.step_profile --model sd15 --steps 20")
     for model in ("sd15", "sdxl"):
         [bench] = [c for c in commands if c.startswith(f"bench.gpu --models {model}")]
         assert "--steps 20" in bench
