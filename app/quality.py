@@ -67,6 +67,15 @@ class Tier:
     def exact(self) -> bool:
         return not self.step_cache and self.guidance_until >= 1.0
 
+    def work_share(self, guided: bool) -> float:
+        """The share of `exact`'s denoiser work a job of this tier is counted at (the
+        estimate): after the cut, a model that guides runs one row of its two, so
+        `guidance_until` g leaves (1 + g) / 2. A step cache's saving depends on the weights
+        and the prompt (`bench.quality` measures it): counted at full work, an upper bound."""
+        if not guided or self.guidance_until >= 1.0:
+            return 1.0
+        return (1.0 + self.guidance_until) / 2
+
     def settings(self) -> dict[str, Any]:
         """What the tier sets (the API's `GET /v1/models` and the manifest)."""
         shown = asdict(self)

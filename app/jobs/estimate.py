@@ -38,7 +38,11 @@ def size_cost_model(session: Session, model: str) -> tuple[CostModel | None, int
     return fit(samples), len(samples)
 
 
-def estimate(session: Session, model: str, queue: str, request: JobRequest) -> Estimate:
+def estimate(
+    session: Session, model: str, queue: str, request: JobRequest, share: float = 1.0
+) -> Estimate:
+    """`share`: the part of the request's work its quality tier does (`Tier.work_share`);
+    the queue's jobs are counted at their full work, an upper bound for cheaper tiers."""
     cost, samples = size_cost_model(session, model)
     queued_inputs = (
         session.execute(
@@ -72,7 +76,7 @@ def estimate(session: Session, model: str, queue: str, request: JobRequest) -> E
     )
     workers = max(1, len(running))
     return Estimate(
-        run_seconds=round(cost.seconds(request.work), 1),
+        run_seconds=round(cost.seconds(request.work * share), 1),
         queue_seconds=round((waiting + left) / workers, 1),
         queued=queued,
         running=len(running),

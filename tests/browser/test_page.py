@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 import requests
@@ -293,6 +294,32 @@ def test_the_expected_time_says_how_sure_it_is(visit_at, page_api, tenant_key, d
     page.fill("#f-width", "128")
     page.fill("#f-height", "128")
     expect(estimate).to_have_text(re.compile(r"^Expected time: about \d+ s\.$"))
+    visit.assert_clean()
+
+
+def _estimate_asking(**wanted: str):
+    """A request predicate: an estimate asked with these query values."""
+
+    def asking(request) -> bool:
+        query = dict(parse_qsl(urlsplit(request.url).query))
+        return "/estimate" in request.url and all(query.get(k) == v for k, v in wanted.items())
+
+    return asking
+
+
+def test_the_estimate_asks_for_the_chosen_tier_and_guidance(visit, tenant_key):
+    """A tier is estimated at its share of the work (a guidance cut runs fewer rows), and
+    the guidance says whether there is any to cut: the page asks again, with both, when
+    either changes."""
+    page = visit.page
+    visit.sign_in(tenant_key)
+    page.select_option("#f-model", "tiny")
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"^Expected time"))
+    with page.expect_request(_estimate_asking(quality="fast")):
+        page.select_option("#f-quality", "fast")
+    with page.expect_request(_estimate_asking(quality="fast", guidance_scale="1")):
+        page.fill("#f-guidance_scale", "1")
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"^Expected time"))
     visit.assert_clean()
 
 

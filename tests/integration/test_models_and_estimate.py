@@ -217,6 +217,10 @@ def test_the_estimate_fits_size_and_charges_the_queue(db, tenant_key):
     assert found.samples == 4 and found.queued == 2 and found.running == 1
     assert found.run_seconds == pytest.approx(17.0, abs=0.1)
     assert found.queue_seconds == pytest.approx(13.0, abs=0.3)
+    with db.session() as session:  # a tier doing 3/4 of the work: 1 s + 2 s x 8 x 0.75
+        cheaper = estimate(session, model, f"gpu.{model}", asked, share=0.75)
+    assert cheaper.run_seconds == pytest.approx(13.0, abs=0.1)
+    assert cheaper.queue_seconds == found.queue_seconds  # the queue's jobs are as they were
 
 
 def test_an_image_jobs_estimate_counts_the_steps_its_strength_leaves(client, tenant_key):
@@ -235,3 +239,26 @@ def test_an_image_jobs_estimate_counts_the_steps_its_strength_leaves(client, ten
         path = base.replace("/tiny/", "/tiny-b/") if field == "kind" else base
         answer = client.get(path + query, headers=auth(tenant_key))
         assert answer.status_code == 422 and field in answer.json["errors"]["query"], query
+
+
+def test_an_estimate_counts_the_share_of_the_work_its_tier_does(client, tenant_key, monkeypatch):
+    """tiny-b's `fast` cuts guidance after 0.75 of the steps: (1 + 0.75) / 2 of the work at
+    its default guidance, all of it unguided (nothing to cut) or at `exact`; a tier it does
+    not offer is a 422 naming `quality`, as a job's is."""
+    from app.web.resources.models import routes
+
+    shares = []
+
+    def seen(session, model, queue, request, share=1.0):
+        shares.append(share)
+        return estimate(session, model, queue, request, share)
+
+    monkeypatch.setattr(routes, "estimate", seen)
+    base = "/v1/models/tiny-b/estimate?steps=8"
+    for query in ("", "&quality=exact", "&quality=fast", "&quality=fast&guidance_scale=1"):
+        answer = client.get(base + query, headers=auth(tenant_key))
+        assert answer.status_code == 200, (query, answer.json)
+    assert shares == [1.0, 1.0, pytest.approx(0.875), 1.0]
+    for query in ("&quality=balanced", "&quality=best"):
+        answer = client.get(base + query, headers=auth(tenant_key))
+        assert answer.status_code == 422 and "quality" in answer.json["errors"]["query"], query

@@ -1,7 +1,8 @@
 """Quality tiers in the catalog and at the API's door: each model's tiers from its family's
 defaults and its own tables, the settings a family cannot apply refused when the catalog
 loads (naming the model and the tier), a tier a model does not offer a 422 listing the
-ones it does, and OpenAI's `quality` values mapped onto the tiers."""
+ones it does, OpenAI's `quality` values mapped onto the tiers, and the share of the work
+each tier is estimated at."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from app.catalog import CatalogError, load_catalog
 from app.config import load_settings
-from app.quality import openai_tier
+from app.quality import Tier, openai_tier
 from app.rules import model_limit_errors
 
 
@@ -100,3 +101,17 @@ def test_a_tier_the_model_does_not_offer_is_refused_naming_its_tiers(tmp_path):
 )
 def test_openai_quality_maps_onto_the_tiers(asked, offered, tier):
     assert openai_tier(asked, offered, "balanced" if "balanced" in offered else "exact") == tier
+
+
+@pytest.mark.parametrize(
+    ("tier", "guided", "share"),
+    [
+        (Tier("fast", guidance_until=0.5), True, 0.75),  # half the steps at one row of two
+        (Tier("balanced", guidance_until=0.8), True, 0.9),
+        (Tier("fast", guidance_until=0.5), False, 1.0),  # nothing guided: nothing to cut
+        (Tier("exact"), True, 1.0),
+        (Tier("fast", step_cache="first_block", threshold=0.16), True, 1.0),  # upper bound
+    ],
+)
+def test_a_tier_is_estimated_at_the_share_of_the_work_it_does(tier, guided, share):
+    assert tier.work_share(guided) == pytest.approx(share)

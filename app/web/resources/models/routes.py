@@ -135,7 +135,8 @@ class ModelEstimate(MethodView):
             abort(422, errors={"query": errors})
         data.update({name: addon.placeholders(counts[name]) for name, addon in ADDONS.items()})
         request = kind.normalize(spec, data)
-        found = estimate(request_session(), spec.name, spec.queue, request)
+        share = spec.tier(request.quality).work_share(request.guidance_scale > 1)
+        found = estimate(request_session(), spec.name, spec.queue, request, share)
         paused = pauses.is_paused(request_session(), spec.name)
         return {
             "model": spec.name,

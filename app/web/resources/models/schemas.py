@@ -6,6 +6,7 @@ import marshmallow as ma
 from marshmallow import fields, validate
 
 from app.kinds import DEFAULT_KIND, KINDS
+from app.quality import TIERS
 
 LIMIT_FIELDS = (
     "min_size",
@@ -250,6 +251,23 @@ class EstimateQuerySchema(ma.Schema):
             "description": "How many ControlNet controls the job carries (0 if absent); "
             "each adds 0.4 to its work. At most the model's `max_controls` (0 on a video "
             "kind)."
+        },
+    )
+    quality = fields.String(
+        validate=validate.OneOf(TIERS),
+        metadata={
+            "description": "The job's quality tier (the model's `default_quality` if "
+            "absent), one the model offers. A guidance cut counts: `guidance_until` g "
+            "leaves (1 + g) / 2 of the denoiser's work on a model that guides; a step "
+            "cache is counted at full work (its saving depends on the weights).",
+            "example": "fast",
+        },
+    )
+    guidance_scale = fields.Float(
+        allow_nan=False,
+        metadata={
+            "description": "The model's default if absent; at 1 or below nothing is "
+            "guided, so a guidance cut saves nothing."
         },
     )
     num_frames = fields.Integer(

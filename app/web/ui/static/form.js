@@ -36,7 +36,11 @@ export const KIND_NAMES = {
 const FROM_IMAGE = new Set(["img2img", "inpaint", "img2vid"]);
 // A kind's strength when the request names none (app/kinds).
 const DEFAULT_STRENGTH = { img2img: 0.75, inpaint: 1.0 };
-const ESTIMATE_FIELDS = ["model", "width", "height", "steps", "num_images"];
+const ESTIMATE_FIELDS = [
+  "model", "width", "height", "steps", "num_images", "quality", "guidance_scale",
+];
+// The fields an estimate may refuse (a 422 names them under the field).
+const ESTIMATED = ["width", "height", "steps", "num_images", "guidance_scale"];
 const ESTIMATE_DELAY_MS = 400;
 
 const $ = (id) => document.getElementById(id);
@@ -370,7 +374,9 @@ function estimateQuery(body) {
       asked.steps = Math.max(1, Math.min(steps, Math.floor(steps * body.strength)));
     }
   }
-  for (const name of ["width", "height", "steps", "num_images"]) {
+  // The tier counts its share of the work (a guidance cut runs fewer rows), and the
+  // guidance whether there is any to cut.
+  for (const name of ["width", "height", "steps", "num_images", "quality", "guidance_scale"]) {
     if (asked[name] !== undefined) query.set(name, asked[name]);
   }
   if (body.loras) query.set("loras", body.loras.length);
@@ -393,13 +399,13 @@ async function refreshEstimate() {
   try {
     const estimate = await api(`/v1/models/${encodeURIComponent(model)}/estimate?${query}`);
     if (run !== estimateRun) return;
-    clearErrors(["width", "height", "steps", "num_images"]);
+    clearErrors(ESTIMATED);
     setText("estimate", describe(estimate));
   } catch (error) {
     if (run !== estimateRun) return;
     if (error instanceof ApiError && error.status === 422) {
       const fields = error.fields;
-      for (const name of ["width", "height", "steps", "num_images"]) {
+      for (const name of ESTIMATED) {
         $(`err-${name}`).textContent = fields[name] ? fields[name].join(" ") : "";
         if (fields[name]) input(name).setAttribute("aria-invalid", "true");
         else input(name).removeAttribute("aria-invalid");
