@@ -223,7 +223,7 @@ def main() -> None:
         root = Path(tmp)
         gpu.embedded_environment(root, device)
         path = root / args.model
-        gpu.build(args.model, scale).save_pretrained(path)
+        gpu.build(args.model, scale, device).to(dtype).save_pretrained(path)
         (root / "models.toml").write_text(
             gpu.MODELS_TOML.format(
                 name=args.model,

@@ -68,7 +68,7 @@ def test_the_gpu_plan_runs_the_new_rows_first_within_one_ten_minute_command():
     assert all(s.limit <= 540 for s in plan)
     assert commands[0].endswith("tests/gpu")
     assert commands[1].startswith("bench.quality --models sd15 sdxl")
-    assert commands[2].startswith("bench.step_profile --model sd15 --steps 20")
+    assert commands[2].startswith("bench.step_profile --model sdxl --steps 20")
     for model in ("sd15", "sdxl"):
         [bench] = [c for c in commands if c.startswith(f"bench.gpu --models {model}")]
         assert "--steps 20" in bench
