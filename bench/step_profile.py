@@ -1,22 +1,27 @@
-"""Where a job through diffq loses time against the bare pipeline call: both under torch.profiler.
+"""Where a job through diffq loses time against the bare pipeline call.
 
-    .venv/bin/python -m bench.step_profile [--model sd15] [--steps 20] [--compile] [--trace DIR]
+    .venv/bin/python -m bench.step_profile [--model sd15|sdxl] [--steps 20] [--rounds 4]
+        [--compile] [--trace DIR]
 
-One warmed bare call and one warmed job through diffq's worker path (bench/gpu.py's two
-paths, the same architecture-true random weights), each under torch.profiler: the CPU's
-operators and, on a GPU, its kernels and the CUDA runtime's calls. Printed per path:
+Three paths on the same architecture-true random weights (bench/gpu.py's): the bare
+diffusers call; the worker's pipeline call alone (workers.call.generate on the model the
+worker loaded: no database, no thread beside it); and a whole job through
+workers.execute on the embedded stores (claim, progress, the call, encode, store,
+outcome). Printed:
 
-- wall ms, and for diffq the pipeline call's share of it (the rest is claim, progress,
-  encode and outcome);
-- the GPU's busy ms (kernels, overlaps merged) and its idle share between the first kernel
-  and the last: a launch-bound loop, or a host sync, leaves the GPU waiting;
-- host syncs: cudaStreamSynchronize and cudaDeviceSynchronize calls, device-to-host copies;
-- Python's garbage collections during the run, by generation, and their ms;
+- unprofiled rounds, each path first, second and third in turn: p50, min and max ms and
+  the ratio to bare (the call alone against bare says what the call costs; the job
+  against the call, what the job around it costs);
+- each thread's CPU a job (the launching thread's, the encoder's, the progress writer's);
+- one run of each path under torch.profiler: the GPU's busy ms (kernels, overlaps
+  merged) and its idle share between the first kernel and the last (a launch-bound loop,
+  or a host sync, leaves the GPU waiting), host syncs (cudaStreamSynchronize,
+  cudaDeviceSynchronize, cudaEventSynchronize), device-to-host copies, Python's garbage
+  collections by generation and their ms;
+- the operators whose self CPU time or count differs most between the job and bare.
 
-then the operators whose self CPU time or count differs most between the two. On a CPU the
-GPU columns are empty and the widths are scaled down as in bench/gpu.py; the operator
-table and the collections still say what diffq adds. `--trace DIR` writes both Chrome
-traces (open in Perfetto)."""
+On a CPU the GPU columns are empty and the widths are scaled down as in bench/gpu.py.
+`--trace DIR` writes the three Chrome traces (open in Perfetto)."""
 
 from __future__ import annotations
 
@@ -258,8 +263,14 @@ def main() -> None:
             names = list(paths)
             for r in range(rounds):  # each path first, second and third in turn
                 for name in names[r % 3 :] + names[: r % 3]:
-                    around = threads if name == "a job through diffq" else contextlib.nullcontext
-                    seconds[name].append(paths[name](around=around))
+                    job = name == "a job through diffq"
+                    with threads() if job else contextlib.nullcontext():
+                        seconds[name].append(paths[name]())
+                        # A job's encode and store, overlapped with the next job in a
+                        # worker, end before the next path: they weigh on no path's time
+                        # (bench.gpu's back-to-back rows count them), and their threads'
+                        # CPU is counted as the job's.
+                        diffq.drain()
             diffq.drain()
             where = torch.cuda.get_device_name(0) if on_gpu else "CPU (scaled down: widths / 10)"
             what = f"{args.model} {size}², {steps} steps, {'compiled' if args.compile else 'eager'}"

@@ -193,7 +193,14 @@ def test_image_to_image_runs_at_the_strength_the_slider_sets(visit, worker, tena
             page.keyboard.press("ArrowLeft")
     expect(page.locator("#strength-value")).to_have_text("0.50")
     query = parse_qs(urlparse(asked.value.url).query)
-    assert query == {"width": ["128"], "height": ["96"], "steps": ["4"], "num_images": ["1"]}
+    assert query == {
+        "width": ["128"],
+        "height": ["96"],
+        "steps": ["4"],
+        "num_images": ["1"],
+        "quality": ["exact"],  # the tier and the guidance count too (docs/quality.md)
+        "guidance_scale": ["7.5"],
+    }
     expect(page.locator("#estimate")).to_have_text(re.compile(r"^Expected time"))
     page.click("#submit-job")
     result = page.locator("#job-images figure:not(.input) img")
