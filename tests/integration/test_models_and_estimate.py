@@ -191,7 +191,7 @@ def _job(session, tenant_id, model, status, request, *, ran=None, progress=None)
     return job
 
 
-def test_the_estimate_fits_size_and_charges_the_queue(db, tenant_key):
+def test_the_estimate_fits_size_and_charges_the_queue(db, tenant_key, monkeypatch):
     from app.keys import get_or_create_tenant
 
     model = f"est-{uuid.uuid4().hex[:8]}"  # a model of its own: no other test's jobs
@@ -217,10 +217,18 @@ def test_the_estimate_fits_size_and_charges_the_queue(db, tenant_key):
     assert found.samples == 4 and found.queued == 2 and found.running == 1
     assert found.run_seconds == pytest.approx(17.0, abs=0.1)
     assert found.queue_seconds == pytest.approx(13.0, abs=0.3)
-    with db.session() as session:  # a tier doing 3/4 of the work: 1 s + 2 s x 8 x 0.75
+    # A tier doing 3/4 of the work: 1 s + 2 s x 8 x 0.75. Both asked at one instant (the
+    # running job's time left moves with the clock), the queue is priced alike.
+    from app.jobs import estimate as estimating
+
+    instant = estimating.utcnow()
+    monkeypatch.setattr(estimating, "utcnow", lambda: instant)
+    with db.session() as session:
+        full = estimate(session, model, f"gpu.{model}", asked)
         cheaper = estimate(session, model, f"gpu.{model}", asked, share=0.75)
     assert cheaper.run_seconds == pytest.approx(13.0, abs=0.1)
-    assert cheaper.queue_seconds == found.queue_seconds  # the queue's jobs are as they were
+    assert full.run_seconds == pytest.approx(17.0, abs=0.1)
+    assert cheaper.queue_seconds == full.queue_seconds  # the queue's jobs are as they were
 
 
 def test_an_image_jobs_estimate_counts_the_steps_its_strength_leaves(client, tenant_key):
