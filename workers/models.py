@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import replace
@@ -22,6 +23,7 @@ from dataclasses import replace
 from app.catalog import ModelSpec
 from app.metrics.instruments import WORKER_MODEL_BUDGET, WORKER_MODEL_BYTES
 from workers.pipelines import LoadedModel
+from workers.unload import Demand, Held, choose_victim
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +54,13 @@ class ModelCache(MutableMapping[str, LoadedModel]):
         # other workers' hold: app/jobs/residency.py).
         self.listener: Callable[[list[str]], None] | None = None
         # Given the loaded names, those another worker holds too (the runtime asks
-        # held_models): they are unloaded first, least recent first, so that a worker
-        # makes room by dropping a second copy before the fleet's only one.
+        # held_models): they are unloaded first, so that a worker makes room by dropping a
+        # second copy before the fleet's only one. And each one's demand (the runtime asks
+        # the jobs table): of the rest, the least wanted x slowest to reload goes
+        # (workers/unload.py). Unset (the hold off): least recently used.
         self.also_held: Callable[[list[str]], set[str]] | None = None
+        self.demand: Callable[[list[str]], dict[str, Demand]] | None = None
+        self._loaded_at: dict[str, float] = {}  # name -> monotonic seconds
         WORKER_MODEL_BUDGET.set(budget)
         self._publish()
 
@@ -78,6 +84,7 @@ class ModelCache(MutableMapping[str, LoadedModel]):
 
     def __setitem__(self, name: str, model: LoadedModel) -> None:
         with self._lock:
+            self._loaded_at[name] = time.monotonic()
             self._loaded[name] = model
             self._publish()
 
@@ -106,6 +113,7 @@ class ModelCache(MutableMapping[str, LoadedModel]):
             )
             if shared is not None:
                 manifest = {**(shared.manifest or {}), "model": name}
+                self._loaded_at[name] = time.monotonic()
                 self._loaded[name] = replace(shared, spec=spec, manifest=manifest)
                 self._publish()
                 return self._loaded[name]
@@ -113,6 +121,7 @@ class ModelCache(MutableMapping[str, LoadedModel]):
             model = self._load(spec)
             self.loads += 1
             self._sizes[weights_of(spec)] = model.bytes
+            self._loaded_at[name] = time.monotonic()
             self._loaded[name] = model
             self._publish()
             return model
@@ -162,6 +171,7 @@ class ModelCache(MutableMapping[str, LoadedModel]):
         while self._loaded and (reason := self._over(need)):
             name = self._victim()
             model = self._loaded.pop(name)
+            self._loaded_at.pop(name, None)
             self._publish()
             log.info("model %s unloaded for %s (%s)", name, spec.name, reason)
             if not any(m.pipeline is model.pipeline for m in self._loaded.values()):
@@ -179,8 +189,19 @@ class ModelCache(MutableMapping[str, LoadedModel]):
             )
 
     def _victim(self) -> str:
-        """The model to unload: the least recently used of those another worker holds
-        too, else the least recently used."""
+        """The model to unload: a second copy (another worker holds it too) first, then
+        the least wanted x slowest to reload, least recent first among equals; with no
+        demand to go by, the least recently used (workers/unload.py)."""
         names = list(self._loaded)
         copies = self.also_held(names) if self.also_held is not None else set()
-        return next((name for name in names if name in copies), names[0])
+        if self.demand is None:
+            return choose_victim(self._held(names), {}, now=0.0, copies=copies, policy="lru")
+        return choose_victim(
+            self._held(names), self.demand(names), now=time.monotonic(), copies=copies
+        )
+
+    def _held(self, names: list[str]) -> list[Held]:
+        return [
+            Held(name, self._loaded_at.get(name, 0.0), self._loaded[name].reload_seconds)
+            for name in names
+        ]

@@ -61,6 +61,11 @@ class LoadedModel:
     # Bytes of its weights on the device (workers/footprint.py), for the model cache.
     bytes: int = 0
 
+    @property
+    def reload_seconds(self) -> float:
+        """What loading these weights again would cost: read, moved, warmed up."""
+        return self.load_seconds + self.device_seconds + sum(self.warm_seconds.values())
+
     def __post_init__(self) -> None:
         if self.scheduler is None:
             self.scheduler = getattr(self.pipeline, "scheduler", None)

@@ -32,6 +32,7 @@ from workers.outcome import HandBack
 from workers.pipelines import LoadedModel, load_model, model_identity, resolve_dtype, warm_up
 from workers.postprocess import PostProcessor
 from workers.record import record
+from workers.unload import DEMAND_WINDOW, Demand
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,20 @@ class WorkerRuntime(Services):
         except SQLAlchemyError as exc:
             log.warning("could not read which models other workers hold: %s", exc)
             return set()
+
+    def demand(self, names: list[str]) -> dict[str, Demand]:
+        """Each of `names`' demand from the jobs table (best effort: none when the
+        database cannot say, and the least recent of the rest is unloaded)."""
+        try:
+            with self.db.session() as session:
+                counts = residency.demand(session, names, DEMAND_WINDOW)
+        except SQLAlchemyError as exc:
+            log.warning("could not read the loaded models' demand: %s", exc)
+            return {}
+        return {
+            name: Demand(per_second=seen / DEMAND_WINDOW, queued=queued)
+            for name, (seen, queued) in counts.items()
+        }
 
     @property
     def idle_transaction_seconds(self) -> float:
@@ -342,6 +357,7 @@ def build_runtime(parent: Services, queues: list[str]) -> WorkerRuntime:
     models.listener = runtime.say_held
     if settings.warm_hold_seconds > 0:  # with the hold, a job goes where its model is
         models.also_held = runtime.also_held
+        models.demand = runtime.demand
     runtime.say_held(list(models))
     runtime.say_alive()
 

@@ -85,6 +85,32 @@ def also_held(session: Session, owner: str, mine: Iterable[str]) -> set[str]:
     )
 
 
+def demand(session: Session, models: Iterable[str], window: float) -> dict[str, tuple[int, int]]:
+    """Each of `models`' recent jobs and queued jobs, by name: (the jobs that succeeded
+    within the last `window` seconds or run now, the jobs queued now), for the choice of
+    which model a worker unloads (workers/unload.py). Succeeded jobs are found through
+    ix_jobs_model_finished, the queued and running through their partial indexes."""
+    models = list(models)
+    if not models:
+        return {}
+    since = clock.now(session) - timedelta(seconds=window)
+    queued = Job.status == JobStatus.QUEUED
+    recent = or_(
+        Job.status == JobStatus.RUNNING,
+        and_(Job.status == JobStatus.SUCCEEDED, Job.finished_at > since),
+    )
+    rows = session.execute(
+        select(
+            Job.model,
+            func.count().filter(recent),
+            func.count().filter(queued),
+        )
+        .where(Job.model.in_(models), or_(queued, recent))
+        .group_by(Job.model)
+    )
+    return {model: (seen, waiting) for model, seen, waiting in rows}
+
+
 def held_by_others(session: Session, owner: str, mine: Iterable[str], seconds: float):
     """SQL for the jobs held for another worker: queued less than `seconds` ago, of a
     model this worker (`owner`, holding `mine`) does not hold and another worker holds

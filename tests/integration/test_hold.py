@@ -274,3 +274,33 @@ def test_also_held_names_the_models_a_live_worker_holds_too(database):
         assert residency.also_held(session, me, [a]) == set()
         for owner in (me, other, silent):
             residency.forget(session, owner)
+
+
+def test_demand_counts_each_models_recent_running_and_queued_jobs(database):
+    """What a worker's unloading weighs (workers/unload.py): per model, the jobs that
+    succeeded within the window or run now, and those queued now; an older success, a
+    failure and another model's jobs do not count, and a model with none is absent."""
+    pool = _Pool(database)  # x: one job running
+    window = 300.0
+    for _ in range(2):
+        pool.add(pool.y)
+    finished = {
+        (pool.z, JobStatus.SUCCEEDED, 10.0),  # counts
+        (pool.z, JobStatus.SUCCEEDED, window + 60.0),  # before the window
+        (pool.z, JobStatus.FAILED, 10.0),  # not a success
+        (pool.y, JobStatus.SUCCEEDED, window - 30.0),  # counts
+    }
+    with database.session() as session:
+        for model, status, age in finished:
+            job_id = pool.queued(session, model)
+            session.execute(
+                update(Job)
+                .where(Job.id == job_id)
+                .values(status=status, finished_at=utcnow() - timedelta(seconds=age))
+            )
+    other = f"w-{uuid.uuid4().hex[:8]}"  # no job at all
+    with database.session() as session:
+        counts = residency.demand(session, [pool.x, pool.y, pool.z, other], window)
+        assert counts == {pool.x: (1, 0), pool.y: (1, 2), pool.z: (1, 0)}
+        assert residency.demand(session, [], window) == {}
+        residency.forget(session, pool.busy)

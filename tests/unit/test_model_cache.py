@@ -11,6 +11,7 @@ from pathlib import Path
 from app.catalog import tiny_spec
 from workers.models import ModelCache
 from workers.pipelines import LoadedModel
+from workers.unload import Demand
 
 SIZES = {"a": 100, "b": 100, "c": 200, "d": 400}
 
@@ -133,4 +134,23 @@ def test_room_is_made_by_dropping_a_second_copy_before_the_fleets_only_one():
     cache.get("c")
     assert sorted(cache) == ["a", "c"] and asked == [["a", "b"]]
     cache.get("d")  # neither a nor c is held elsewhere: the least recent, a, goes
+    assert sorted(cache) == ["c", "d"]
+
+
+def test_with_demand_known_the_least_wanted_goes_before_the_least_recent():
+    """With the hold on, the runtime also says each loaded model's demand (`demand`): the
+    least recent model, with jobs queued, stays; the more recent one nobody wants goes."""
+    cache, _ = _cache(capacity=2)
+    asked = []
+
+    def demand(names):
+        asked.append(list(names))
+        return {"a": Demand(queued=2)}
+
+    cache.demand = demand
+    cache.get("a"), cache.get("b")
+    cache.get("c")
+    assert sorted(cache) == ["a", "c"] and asked == [["a", "b"]]
+    cache.demand = lambda names: {}  # the database cannot say: least recent first
+    cache.get("d")
     assert sorted(cache) == ["c", "d"]
