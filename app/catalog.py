@@ -487,23 +487,29 @@ class Catalog:
         return [m for m in self.models.values() if set(m.all_queues) & set(queues)]
 
 
+# What the tiny random-weight models share: CPU-friendly sizes, steps and time limits.
+TINY_LIMITS = {
+    "dtype": "float32",
+    "default_width": 64,
+    "default_height": 64,
+    "max_steps": 50,
+    "soft_time_limit": 120,
+    "time_limit": 180,
+}
+
+
 def tiny_spec(path: Path, name: str = "tiny", queue: str = "gpu.tiny") -> ModelSpec:
     """The limits that suit the tiny random-weight model (CPU-friendly sizes)."""
     return ModelSpec(
         name=name,
         path=path,
         queue=queue,
-        dtype="float32",
         max_width=512,
         max_height=512,
         max_pixels=512 * 512,
-        default_width=64,
-        default_height=64,
-        max_steps=50,
         default_steps=8,
-        soft_time_limit=120,
-        time_limit=180,
         lora_family="tiny",
+        **TINY_LIMITS,
     )
 
 
@@ -517,20 +523,15 @@ def tiny_video_spec(
         path=path,
         queue=queue,
         family="ltx",
-        dtype="float32",
         size_multiple=32,
         min_size=32,
         max_width=256,
         max_height=256,
         max_pixels=256 * 256,
-        default_width=64,
-        default_height=64,
-        max_steps=50,
         default_steps=4,
         default_frames=9,
         max_frames=49,
-        soft_time_limit=120,
-        time_limit=180,
+        **TINY_LIMITS,
     )
 
 

@@ -139,15 +139,12 @@ def create_batch(
         for line in request.lines
         if line.submission is None
     ]
-    batch = Batch(
-        id=batch_id,
-        tenant_id=tenant_id,
+    batch = _batch(
+        request,
+        batch_id,
+        tenant_id,
+        now,
         status="validating",
-        endpoint=request.endpoint,
-        input_file_id=request.input_file_id,
-        completion_window=request.completion_window,
-        created_at=now,
-        updated_at=now,
         expires_at=now + timedelta(seconds=request.window_seconds)
         if request.window_seconds
         else None,
@@ -156,10 +153,7 @@ def create_batch(
         expired=0,
         invalid_lines=invalid or None,
         b64_json=[line.custom_id for line in request.lines if line.b64_json] or None,
-        client_metadata=request.metadata,
         webhook_url=request.webhook,
-        idempotency_key=key,
-        request_hash=request.body_hash,
     )
     session.add(batch)
     try:
@@ -179,6 +173,25 @@ def create_batch(
     created.timings["validated"] = started
     _store_all(session, publisher, batch, valid, admitted, caps, created, chunk, on_chunk)
     return created
+
+
+def _batch(
+    request: BatchRequest, batch_id: uuid.UUID, tenant_id: uuid.UUID, now, **fields
+) -> Batch:
+    """A new batch row: what every batch takes from its request, and `fields`."""
+    return Batch(
+        id=batch_id,
+        tenant_id=tenant_id,
+        endpoint=request.endpoint,
+        input_file_id=request.input_file_id,
+        completion_window=request.completion_window,
+        created_at=now,
+        updated_at=now,
+        client_metadata=request.metadata,
+        idempotency_key=request.idempotency_key,
+        request_hash=request.body_hash,
+        **fields,
+    )
 
 
 def _new_batch_id() -> uuid.UUID:
@@ -427,15 +440,12 @@ def create_failed(
         if existing is not None:
             return _replay_ended(existing, request)
     now = utcnow()
-    batch = Batch(
-        id=_new_batch_id(),
-        tenant_id=tenant_id,
+    batch = _batch(
+        request,
+        _new_batch_id(),
+        tenant_id,
+        now,
         status="failed",
-        endpoint=request.endpoint,
-        input_file_id=request.input_file_id,
-        completion_window=request.completion_window,
-        created_at=now,
-        updated_at=now,
         finished_at=now,
         total=total,
         invalid=total,
@@ -452,10 +462,7 @@ def create_failed(
             "pending": 0,
         },
         errors={"object": "list", "data": errors},
-        client_metadata=request.metadata,
         webhook_url=None,
-        idempotency_key=key,
-        request_hash=request.body_hash,
     )
     session.add(batch)
     session.commit()

@@ -28,14 +28,19 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Features:
-    """What a backend can do beyond taking and handing out persistent messages."""
+    """What a backend can do beyond taking and handing out persistent messages (none of
+    it unless said)."""
 
-    confirms: bool  # a publish returns once the broker has the message
-    dead_letters: bool  # rejected messages go to a dead-letter queue operators browse
-    priorities: bool  # AMQP priorities on the work queues
-    batching: bool  # a batch takes further messages of its queue (basic.get)
-    depths: bool  # ready messages, consumers and dead letters per queue can be read
-    management: bool  # an HTTP management API beside it (Flower's broker tab)
+    confirms: bool = False  # a publish returns once the broker has the message
+    dead_letters: bool = False  # rejected messages go to a dead-letter queue operators browse
+    priorities: bool = False  # AMQP priorities on the work queues
+    batching: bool = False  # a batch takes further messages of its queue (basic.get)
+    depths: bool = False  # ready messages, consumers and dead letters per queue can be read
+    management: bool = False  # an HTTP management API beside it (Flower's broker tab)
+
+    @classmethod
+    def every(cls) -> Features:
+        return cls(**{name: True for name in cls.__dataclass_fields__})
 
 
 class Unsupported(RuntimeError):

@@ -79,15 +79,9 @@ TRANSPORT_ALIASES[EMBEDDED_BROKER_URL.split(":", 1)[0]] = "app.broker.embedded:T
 class Embedded(Broker):
     name = "embedded"
     schemes = (EMBEDDED_BROKER_URL.split(":", 1)[0],)
-    features = Features(
-        confirms=False,
-        dead_letters=False,
-        priorities=False,
-        # A second message held by a process that dies is lost with it: no batches.
-        batching=False,
-        depths=False,
-        management=False,
-    )
+    # None of them: no confirms, dead letters, priorities, depths or management API; and
+    # no batches (a second message held by a process that dies is lost with it).
+    features = Features()
 
     def discard(self, job_ids: Iterable[uuid.UUID]) -> int:
         """Take the waiting messages of these jobs (cancelled while queued) out of the

@@ -28,14 +28,7 @@ log = logging.getLogger(__name__)
 class RabbitMQ(Broker):
     name = "rabbitmq"
     schemes = ("amqp", "amqps", "pyamqp")
-    features = Features(
-        confirms=True,
-        dead_letters=True,
-        priorities=True,
-        batching=True,
-        depths=True,
-        management=True,
-    )
+    features = Features.every()
 
     def transport_options(self) -> dict[str, Any]:
         # Publisher confirms: a publish returns only once RabbitMQ has the message.

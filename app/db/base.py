@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import MetaData
+from sqlalchemy import Index, MetaData, text
 from sqlalchemy.orm import DeclarativeBase
 
 NAMING_CONVENTION = {
@@ -16,3 +16,8 @@ NAMING_CONVENTION = {
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def partial_index(name: str, *columns: str, where: str, **options) -> Index:
+    """An index over the rows where `where` (SQL) holds, on PostgreSQL and SQLite alike."""
+    return Index(name, *columns, postgresql_where=text(where), sqlite_where=text(where), **options)

@@ -262,3 +262,12 @@ def relaxed_commit(session: Session) -> None:
     for writes whose loss in a crash is harmless."""
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SET LOCAL synchronous_commit = off"))
+
+
+def unclaimed_ids(session: Session, query) -> list:
+    """The ids `query` selects, passing over rows another transaction has locked and
+    locking those it takes (SKIP LOCKED on PostgreSQL; SQLite has one writer at a time),
+    for passes that several processes run at once."""
+    if session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    return list(session.scalars(query))

@@ -17,7 +17,7 @@ from sqlalchemy import delete, or_, select
 
 from app.db.models.jobs import Job
 from app.db.models.webhooks import WebhookAttempt, WebhookEvent
-from app.db.session import Database
+from app.db.session import Database, unclaimed_ids
 from app.db.types import utcnow
 from app.jobs.states import JobStatus
 
@@ -55,9 +55,7 @@ def purge_finished_jobs(
                 .order_by(Job.finished_at)
                 .limit(batch)
             )
-            if session.get_bind().dialect.name == "postgresql":
-                pick = pick.with_for_update(skip_locked=True)
-            ids = list(session.scalars(pick))
+            ids = unclaimed_ids(session, pick)
             if ids:
                 events = select(WebhookEvent.id).where(WebhookEvent.job_id.in_(ids))
                 session.execute(delete(WebhookAttempt).where(WebhookAttempt.event_id.in_(events)))

@@ -363,32 +363,24 @@ def cancel_expired(session: Session, job_id: uuid.UUID) -> bool:
     """A job whose `cancel_after` deadline passed ends canceled/deadline: a queued one
     without running, a running one at its next step (its worker is told to stop)."""
     now = utcnow()
-    if change(
-        session,
-        job_id,
-        Job.status == JobStatus.QUEUED,
-        Job.deadline_at <= now,
-        status=JobStatus.CANCELED,
-        error_code=ErrorCode.DEADLINE.value,
-        error_message="not started before its cancel_after deadline",
-        finished_at=clock.now(session),
-    ):
-        return True
-    stopped = change(
-        session,
-        job_id,
-        Job.status == JobStatus.RUNNING,
-        Job.deadline_at <= now,
-        status=JobStatus.CANCELED,
-        error_code=ErrorCode.DEADLINE.value,
-        error_message="not finished before its cancel_after deadline",
-        finished_at=clock.now(session),
-        lease_owner=None,
-        lease_expires_at=None,
-    )
-    if stopped:
-        notify(session, CANCEL_CHANNEL, str(job_id))
-    return stopped
+    for was, missed in ((JobStatus.QUEUED, "started"), (JobStatus.RUNNING, "finished")):
+        running = was == JobStatus.RUNNING
+        released = {"lease_owner": None, "lease_expires_at": None} if running else {}
+        if change(
+            session,
+            job_id,
+            Job.status == was,
+            Job.deadline_at <= now,
+            status=JobStatus.CANCELED,
+            error_code=ErrorCode.DEADLINE.value,
+            error_message=f"not {missed} before its cancel_after deadline",
+            finished_at=clock.now(session),
+            **released,
+        ):
+            if running:
+                notify(session, CANCEL_CHANNEL, str(job_id))
+            return True
+    return False
 
 
 def renew_lease(session: Session, job_id: uuid.UUID, *, owner: str, lease_seconds: float) -> bool:

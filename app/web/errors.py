@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from typing import TypeVar
 
 from flask import Flask
-from flask_smorest import Api
+from flask_smorest import Api, abort
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from werkzeug.exceptions import (
     Conflict,
@@ -17,6 +18,16 @@ from werkzeug.exceptions import (
 )
 
 log = logging.getLogger(__name__)
+
+
+T = TypeVar("T")
+
+
+def found(row: T | None, what: str) -> T:
+    """`row`, or a 404 "No such {what}." (a tenant's lookups find only its own rows)."""
+    if row is None:
+        abort(404, message=f"No such {what}.")
+    return row
 
 
 def as_http_error(exc: Exception) -> HTTPException:

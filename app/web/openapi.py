@@ -84,3 +84,41 @@ def form_body(properties: dict, required: list[str], **content: dict) -> dict:
     beside it (a raw image, a JSON body)."""
     form = {"type": "object", "properties": properties, "required": required}
     return {"required": True, "content": {**content, "multipart/form-data": {"schema": form}}}
+
+
+def answers(blp: flask_smorest.Blueprint, table: str):
+    """A route's other answers, documented from a table of status lines: each line that
+    starts with a status code (`404 No such job.`) begins an answer, and a line that does
+    not goes on with the one before. One decorator for what was a stack of
+    `blp.alt_response` calls, read as the table it is."""
+    decorators = [blp.alt_response(code, description=text) for code, text in status_lines(table)]
+
+    def decorate(view):
+        for decorator in reversed(decorators):
+            view = decorator(view)
+        return view
+
+    return decorate
+
+
+def status_lines(table: str) -> list[tuple[int, str]]:
+    """`answers`' table as (status code, description) pairs, in order."""
+    lines: list[tuple[int, list[str]]] = []
+    for line in table.strip().splitlines():
+        code, _, rest = line.strip().partition(" ")
+        if len(code) == 3 and code.isdigit():
+            lines.append((int(code), [rest.strip()]))
+        elif lines and line.strip():
+            lines[-1][1].append(line.strip())
+        elif line.strip():
+            raise ValueError(f"an answer's table starts without a status code: {line!r}")
+    return [(code, " ".join(words)) for code, words in lines]
+
+
+class OpenAIList(ma.Schema):
+    """OpenAI's list object (`GET /v1/batches`, `GET /v1/videos`): a subclass adds `data`."""
+
+    object = ma.fields.String(metadata={"example": "list"})
+    first_id = ma.fields.String(allow_none=True)
+    last_id = ma.fields.String(allow_none=True)
+    has_more = ma.fields.Boolean()

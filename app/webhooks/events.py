@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from app.db import clock
 from app.db.models.webhooks import WebhookEvent
+from app.db.session import unclaimed_ids
 from app.ids import uuid7
 from app.jobs.changes import JobChange, on_change, selected
 
@@ -109,9 +110,7 @@ def due(session: Session, *, lease_seconds: float, limit: int = 200) -> list[uui
         .order_by(WebhookEvent.next_attempt_at)
         .limit(limit)
     )
-    if session.get_bind().dialect.name == "postgresql":
-        query = query.with_for_update(skip_locked=True)
-    ids = list(session.scalars(query))
+    ids = unclaimed_ids(session, query)
     if ids:
         session.execute(
             update(WebhookEvent)

@@ -7,6 +7,7 @@ body."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 
@@ -15,9 +16,10 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
+from jsonschema import validate
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import positive_data_acceptance
+from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from testbed.jobs import auth
 
@@ -47,6 +49,12 @@ OPAQUE_INPUT = {
     "POST /v1/files",
     "POST /v1/adapters",
 }
+# The document bounds a job's fields by what every configured model accepts
+# (app/web/model_bounds.py): a request past them may fit the model it names (the stack's
+# `tiny` takes a guidance of up to 30, `tiny-b` 12, so the document says 12) and is rightly
+# accepted. There, a request the document forbids may be accepted only if it fits the
+# document with its own model's bounds (`_fits_its_model`).
+PER_MODEL_BOUNDS = {"POST /v1/jobs"}
 # Waits for a worker's images: here, with no wait allowed (DIFFQ_MAX_WAIT=0), a request it
 # accepts is answered with its documented 504 at once, the job left queued.
 WAITS_FOR_A_WORKER = {"POST /v1/images/generations", "POST /v1/images/edits"}
@@ -98,13 +106,53 @@ def _only_a_documented_timeout(ctx, response, case) -> None:
         assert json.loads(response.text)["error"]["code"] == "timeout"
 
 
-def _fuzz(operation, label: str, key: str, mode: GenerationMode) -> int:
+def _as_json_schema(node):
+    """OpenAPI 3.0's `nullable` written as JSON Schema's null type."""
+    if isinstance(node, list):
+        return [_as_json_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _as_json_schema(value) for key, value in node.items() if key != "nullable"}
+    if node.get("nullable"):
+        out = {"anyOf": [out, {"type": "null"}]}
+    return out
+
+
+def _fits_its_model(document: dict, catalog):
+    """A check: an accepted job fits the document with its own model's bounds in place of
+    those every model accepts."""
+    from app.catalog import Catalog
+    from app.web.model_bounds import bounds
+
+    def check(ctx, response, case) -> None:
+        if response.status_code != 202:
+            return
+        spec = catalog.get(case.body.get("model"))
+        assert spec is not None, case.body
+        components = copy.deepcopy(document["components"])
+        properties = components["schemas"]["JobCreate"]["properties"]
+        own = bounds(Catalog(models={spec.name: spec}, default_model=spec.name))
+        for field, keywords in own.items():
+            if field in properties:
+                properties[field].update(
+                    {k: v for k, v in keywords.items() if not k.startswith("x-")}
+                )
+        schema = {"$ref": "#/components/schemas/JobCreate", "components": components}
+        validate(case.body, _as_json_schema(schema))
+
+    return check
+
+
+def _fuzz(operation, label: str, key: str, mode: GenerationMode, catalog=None) -> int:
     """Call one operation with generated requests; returns how many were made."""
     calls = 0
     excluded = []
     additional = []
     if label in OPAQUE_INPUT:
         excluded.append(positive_data_acceptance)
+    if label in PER_MODEL_BOUNDS and mode is GenerationMode.NEGATIVE:
+        excluded.append(negative_data_rejection)
+        additional.append(_fits_its_model(operation.schema.raw_schema, catalog))
     if label in WAITS_FOR_A_WORKER:
         excluded.append(not_a_server_error)
         additional.append(_only_a_documented_timeout)
@@ -154,9 +202,10 @@ def _operations(api_schema) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
-def test_generated_requests_get_documented_answers(api_schema, fuzz_key, mode):
+def test_generated_requests_get_documented_answers(api_schema, fuzz_app, fuzz_key, mode):
     operations = _operations(api_schema)
-    tried = {label: _fuzz(op, label, fuzz_key, mode) for label, op in operations.items()}
+    catalog = fuzz_app.extensions["diffq"].catalog
+    tried = {label: _fuzz(op, label, fuzz_key, mode, catalog) for label, op in operations.items()}
     print(f"\n{mode.value}: {sum(tried.values())} requests over {len(tried)} operations: {tried}")
     assert set(tried) == set(operations)  # every operation, the OpenAI endpoint included
     assert tried["POST /v1/images/generations"] > 0 and tried["POST /v1/jobs"] > 0

@@ -13,11 +13,10 @@ from sqlalchemy import (
     String,
     Text,
     Uuid,
-    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db.base import Base
+from app.db.base import Base, partial_index
 from app.db.types import JSONType, UTCDateTime, utcnow
 from app.ids import uuid7
 
@@ -32,12 +31,7 @@ class Batch(Base):
         Index("ix_batches_tenant_id_id", "tenant_id", "id"),
         Index("uq_batches_tenant_id_idempotency_key", "tenant_id", "idempotency_key", unique=True),
         # The relay's scan: batches not ended yet.
-        Index(
-            "ix_batches_open",
-            "id",
-            postgresql_where=text("finished_at IS NULL"),
-            sqlite_where=text("finished_at IS NULL"),
-        ),
+        partial_index("ix_batches_open", "id", where="finished_at IS NULL"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid7)

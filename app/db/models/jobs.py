@@ -21,7 +21,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db.base import Base
+from app.db.base import Base, partial_index
 from app.db.enums import JobStatus, Priority
 from app.db.types import JSONType, UTCDateTime, utcnow
 from app.ids import uuid7
@@ -52,114 +52,58 @@ class Job(Base):
         Index("ix_jobs_tenant_id_id", "tenant_id", "id"),
         Index("ix_jobs_tenant_id_status_id", "tenant_id", "status", "id"),
         # Queue position: queued jobs of a queue in delivery order.
-        Index(
-            "ix_jobs_queued_order",
-            "queue",
-            "publish_priority",
-            "id",
-            postgresql_where=text("status = 'queued'"),
-            sqlite_where=text("status = 'queued'"),
+        partial_index(
+            "ix_jobs_queued_order", "queue", "publish_priority", "id", where="status = 'queued'"
         ),
-        Index(
-            "ix_jobs_running",
-            "queue",
-            postgresql_where=text("status = 'running'"),
-            sqlite_where=text("status = 'running'"),
-        ),
+        partial_index("ix_jobs_running", "queue", where="status = 'running'"),
         # Recent successes of a model: the queue-time estimate's history.
-        Index(
-            "ix_jobs_model_finished",
-            "model",
-            "finished_at",
-            postgresql_where=text("status = 'succeeded'"),
-            sqlite_where=text("status = 'succeeded'"),
+        partial_index(
+            "ix_jobs_model_finished", "model", "finished_at", where="status = 'succeeded'"
         ),
         # Fair share: GPU time a model pool's tenants used recently.
         Index("ix_jobs_queue_finished", "queue", "finished_at"),
         # A redelivered message finds the job it was running (fair share may run another).
-        Index(
-            "ix_jobs_permit",
-            "permit_id",
-            postgresql_where=text("status = 'running'"),
-            sqlite_where=text("status = 'running'"),
-        ),
+        partial_index("ix_jobs_permit", "permit_id", where="status = 'running'"),
         # One job per (tenant, Idempotency-Key).
         Index("uq_jobs_tenant_id_idempotency_key", "tenant_id", "idempotency_key", unique=True),
         # The relay's scan for results past their retention.
-        Index(
+        partial_index(
             "ix_jobs_retention",
             "finished_at",
-            postgresql_where=text("status = 'succeeded' AND data_removed_at IS NULL"),
-            sqlite_where=text("status = 'succeeded' AND data_removed_at IS NULL"),
+            where="status = 'succeeded' AND data_removed_at IS NULL",
         ),
         # The relay's scan for finished jobs past the job retention (their purge).
-        Index(
-            "ix_jobs_finished",
-            "finished_at",
-            postgresql_where=text("status IN ('succeeded', 'failed', 'canceled')"),
-            sqlite_where=text("status IN ('succeeded', 'failed', 'canceled')"),
+        partial_index(
+            "ix_jobs_finished", "finished_at", where="status IN ('succeeded', 'failed', 'canceled')"
         ),
         # Jobs held back by their tenant's cap on jobs in flight, per tenant.
-        Index(
+        partial_index(
             "ix_jobs_held",
             "tenant_id",
             "publish_priority",
             "id",
-            postgresql_where=text("admitted_at IS NULL AND status = 'queued'"),
-            sqlite_where=text("admitted_at IS NULL AND status = 'queued'"),
+            where="admitted_at IS NULL AND status = 'queued'",
         ),
         # The result cache: a tenant's live results by request (app/jobs/cache.py).
-        Index(
-            "ix_jobs_cache",
-            "tenant_id",
-            "cache_key",
-            "finished_at",
-            postgresql_where=text(CACHE_WHERE),
-            sqlite_where=text(CACHE_WHERE),
-        ),
+        partial_index("ix_jobs_cache", "tenant_id", "cache_key", "finished_at", where=CACHE_WHERE),
         # Retention: the cached copies of a job whose images are removed.
-        Index(
-            "ix_jobs_cached_from",
-            "cached_from",
-            postgresql_where=text("cached_from IS NOT NULL"),
-            sqlite_where=text("cached_from IS NOT NULL"),
-        ),
+        partial_index("ix_jobs_cached_from", "cached_from", where="cached_from IS NOT NULL"),
         # A batch's jobs by state: its counts, its cancel, its end (app/batches).
-        Index(
-            "ix_jobs_batch",
-            "batch_id",
-            "status",
-            postgresql_where=text("batch_id IS NOT NULL"),
-            sqlite_where=text("batch_id IS NOT NULL"),
-        ),
+        partial_index("ix_jobs_batch", "batch_id", "status", where="batch_id IS NOT NULL"),
         # The relay's scan for rows whose publish did not happen.
-        Index(
-            "ix_jobs_unpublished",
-            "created_at",
-            postgresql_where=text("published_at IS NULL AND status = 'queued'"),
-            sqlite_where=text("published_at IS NULL AND status = 'queued'"),
+        partial_index(
+            "ix_jobs_unpublished", "created_at", where="published_at IS NULL AND status = 'queued'"
         ),
         # The relay's scans that must not read the history (docs/history.md): finished
         # jobs' left checkpoints (retention), queued and running jobs by deadline
         # (deadlines), waiting jobs oldest first (priority aging).
-        Index(
-            "ix_jobs_checkpointed",
-            "status",
-            postgresql_where=text("checkpoint_step IS NOT NULL"),
-            sqlite_where=text("checkpoint_step IS NOT NULL"),
-        ),
-        Index(
-            "ix_jobs_deadline",
-            "deadline_at",
-            postgresql_where=text(DEADLINE_WHERE),
-            sqlite_where=text(DEADLINE_WHERE),
-        ),
-        Index(
+        partial_index("ix_jobs_checkpointed", "status", where="checkpoint_step IS NOT NULL"),
+        partial_index("ix_jobs_deadline", "deadline_at", where=DEADLINE_WHERE),
+        partial_index(
             "ix_jobs_waiting",
             "created_at",
             "id",
-            postgresql_where=text("status = 'queued' AND admitted_at IS NOT NULL"),
-            sqlite_where=text("status = 'queued' AND admitted_at IS NOT NULL"),
+            where="status = 'queued' AND admitted_at IS NOT NULL",
         ),
     )
 

@@ -12,11 +12,10 @@ from sqlalchemy import (
     Integer,
     String,
     Uuid,
-    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db.base import Base
+from app.db.base import Base, partial_index
 from app.db.types import JSONType, UTCDateTime, utcnow
 from app.ids import uuid7
 
@@ -27,12 +26,7 @@ class WebhookEvent(Base):
 
     __tablename__ = "webhook_events"
     __table_args__ = (
-        Index(
-            "ix_webhook_events_due",
-            "next_attempt_at",
-            postgresql_where=text("state = 'pending'"),
-            sqlite_where=text("state = 'pending'"),
-        ),
+        partial_index("ix_webhook_events_due", "next_attempt_at", where="state = 'pending'"),
         Index("ix_webhook_events_job_id_created_at", "job_id", "created_at"),
     )
 

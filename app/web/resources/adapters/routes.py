@@ -17,7 +17,8 @@ from app.addons.lora.store import adapter_key
 from app.db.types import utcnow
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
-from app.web.openapi import BINARY, form_body
+from app.web.errors import found
+from app.web.openapi import BINARY, answers, form_body
 from app.web.services import request_session, services
 
 blp = Blueprint(
@@ -64,25 +65,15 @@ class AdapterListSchema(ma.Schema):
 
 
 def _view(row) -> dict:
+    shown = ("id", "name", "sha256", "model", "family", "bytes", "rank", "layers", "created_at")
     return {
-        "id": row.id,
-        "name": row.name,
-        "sha256": row.sha256,
-        "model": row.model,
-        "family": row.family,
-        "bytes": row.bytes,
-        "rank": row.rank,
-        "layers": row.layers,
-        "created_at": row.created_at,
+        **{name: getattr(row, name) for name in shown},
         "urls": {"self": url_for("adapters.Adapter", adapter_id=row.id, _external=True)},
     }
 
 
 def _found(adapter_id: uuid.UUID):
-    row = adapters.find(request_session(), current_tenant(), adapter_id)
-    if row is None:
-        abort(404, message="No such adapter.")
-    return row
+    return found(adapters.find(request_session(), current_tenant(), adapter_id), "adapter")
 
 
 def _refuse(refused: checks.AdapterRefused):
@@ -107,13 +98,16 @@ class Adapters(MethodView):
         )
     )
     @blp.response(201, AdapterSchema, example=EXAMPLE)
-    @blp.alt_response(413, description="Past DIFFQ_ADAPTER_MAX_BYTES.")
-    @blp.alt_response(415, description="Not a multipart form.")
-    @blp.alt_response(
-        422,
-        description="Not a safetensors file (a pickle, .bin or .ckpt is refused unread), "
-        "truncated, not LoRA keys, a rank mismatch, or keys and shapes that do not fit the "
-        "model's family (an SDXL LoRA for an SD 1.5 model): the message names it.",
+    @answers(
+        blp,
+        """
+        413 Past DIFFQ_ADAPTER_MAX_BYTES.
+        415 Not a multipart form.
+        422 Not a safetensors file (a pickle, .bin or .ckpt is refused unread),
+            truncated, not LoRA keys, a rank mismatch, or keys and shapes that do
+            not fit the model's family (an SDXL LoRA for an SD 1.5 model): the
+            message names it.
+        """,
     )
     def post(self):
         """Upload a LoRA adapter

@@ -19,6 +19,7 @@ from app.ids import uuid7
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
 from app.web.downloads import attachment
+from app.web.errors import found
 from app.web.openapi import BINARY, form_body
 from app.web.resources.batches import errors
 from app.web.resources.batches.schemas import FileListSchema, FileSchema
@@ -58,12 +59,8 @@ def file_object(found: BatchFile) -> dict:
 
 
 def _file_or_404(file_id: uuid.UUID) -> BatchFile:
-    found = request_session().scalar(
-        select(BatchFile).where(BatchFile.id == file_id, BatchFile.tenant_id == current_tenant())
-    )
-    if found is None:
-        abort(404, message="No such file.")
-    return found
+    mine = select(BatchFile).where(BatchFile.id == file_id, BatchFile.tenant_id == current_tenant())
+    return found(request_session().scalar(mine), "file")
 
 
 @blp.route("")

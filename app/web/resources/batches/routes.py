@@ -18,6 +18,8 @@ from app.jobs.states import JobStatus
 from app.jobs.submit import Caps, Refused
 from app.web.auth import current_tenant, require_api_key, tenant_quota
 from app.web.bodies import Blueprint
+from app.web.errors import found
+from app.web.openapi import answers
 from app.web.resources.batches import errors
 from app.web.resources.batches.parse import parse
 from app.web.resources.batches.schemas import (
@@ -45,12 +47,8 @@ def _larger_bodies() -> None:
 
 
 def _batch_or_404(batch_id: uuid.UUID) -> Batch:
-    batch = request_session().scalar(
-        select(Batch).where(Batch.id == batch_id, Batch.tenant_id == current_tenant())
-    )
-    if batch is None:
-        abort(404, message="No such batch.")
-    return batch
+    mine = select(Batch).where(Batch.id == batch_id, Batch.tenant_id == current_tenant())
+    return found(request_session().scalar(mine), "batch")
 
 
 def _object(batch: Batch) -> dict:
@@ -90,22 +88,21 @@ class Batches(MethodView):
     @blp.doc(requestBody=BATCH_BODY)
     @blp.response(202, BatchSchema)
     @blp.alt_response(200, schema=BatchSchema, description="An Idempotency-Key replayed.")
-    @blp.alt_response(400, description="The body is not valid JSON.")
-    @blp.alt_response(404, description="`input_file_id` names no file of yours.")
-    @blp.alt_response(409, description="Idempotency-Key reused with a different body.")
-    @blp.alt_response(
-        413, description="Over DIFFQ_BATCH_MAX_BYTES or DIFFQ_BATCH_MAX_LINES (named)."
-    )
-    @blp.alt_response(
-        422,
-        description="diffq's form: a bad request refuses the whole batch; `errors.lines` "
-        "names each bad line (1-based) and its fields. Also: no requests, a bad option.",
-    )
-    @blp.alt_response(415, description="Neither application/json nor application/jsonl.")
-    @blp.alt_response(
-        429,
-        description="The tenant's daily GPU quota, or its cap on queued jobs: every job "
-        "of the batch counts, and one that does not fit is refused whole (Retry-After).",
+    @answers(
+        blp,
+        """
+        400 The body is not valid JSON.
+        404 `input_file_id` names no file of yours.
+        409 Idempotency-Key reused with a different body.
+        413 Over DIFFQ_BATCH_MAX_BYTES or DIFFQ_BATCH_MAX_LINES (named).
+        422 diffq's form: a bad request refuses the whole batch; `errors.lines`
+            names each bad line (1-based) and its fields. Also: no requests, a bad
+            option.
+        415 Neither application/json nor application/jsonl.
+        429 The tenant's daily GPU quota, or its cap on queued jobs: every job of
+            the batch counts, and one that does not fit is refused whole
+            (Retry-After).
+        """,
     )
     def post(self):
         """Submit a batch

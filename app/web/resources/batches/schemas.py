@@ -6,6 +6,7 @@ from __future__ import annotations
 import marshmallow as ma
 from marshmallow import fields, validate
 
+from app.web.openapi import OpenAIList
 from app.web.strings import RefusesNul
 
 NATIVE_EXAMPLE = {
@@ -134,12 +135,8 @@ class BatchSchema(ma.Schema):
     urls = fields.Nested(BatchUrlsSchema)
 
 
-class BatchListSchema(ma.Schema):
-    object = fields.String(metadata={"example": "list"})
+class BatchListSchema(OpenAIList):
     data = fields.List(fields.Nested(BatchSchema))
-    first_id = fields.String(allow_none=True)
-    last_id = fields.String(allow_none=True)
-    has_more = fields.Boolean()
 
 
 class BatchListQuerySchema(RefusesNul, ma.Schema):

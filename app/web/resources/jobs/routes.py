@@ -17,6 +17,7 @@ from app.jobs.view import job_json
 from app.kinds import job_request
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
+from app.web.openapi import answers
 from app.web.resources.jobs.presenter import decode_cursor, encode_cursor, job_view
 from app.web.resources.jobs.schemas import (
     JobCreateSchema,
@@ -158,22 +159,19 @@ class Jobs(MethodView):
         description="With `Prefer: wait=N`: the job finished (succeeded, failed or canceled) "
         "within N seconds; `Preference-Applied: wait=N`.",
     )
-    @blp.alt_response(
-        400,
-        description="The body is not JSON: not UTF-8, or a syntax error (the message gives "
-        "its line and column).",
+    @answers(
+        blp,
+        """
+        400 The body is not JSON: not UTF-8, or a syntax error (the message gives
+            its line and column).
+        409 Idempotency-Key reused with a different body.
+        413 Body larger than DIFFQ_MAX_BODY_BYTES.
+        415 A body sent without `Content-Type: application/json` (names the header).
+        429 Over the key's request rate, the tenant's cap on queued jobs or its
+            daily GPU-second quota; see Retry-After.
+        503 The job could not be made durable.
+        """,
     )
-    @blp.alt_response(409, description="Idempotency-Key reused with a different body.")
-    @blp.alt_response(413, description="Body larger than DIFFQ_MAX_BODY_BYTES.")
-    @blp.alt_response(
-        415, description="A body sent without `Content-Type: application/json` (names the header)."
-    )
-    @blp.alt_response(
-        429,
-        description="Over the key's request rate, the tenant's cap on queued jobs or its "
-        "daily GPU-second quota; see Retry-After.",
-    )
-    @blp.alt_response(503, description="The job could not be made durable.")
     def post(self, headers, request_data):
         """Submit a job
 
@@ -271,9 +269,14 @@ class JobReplay(MethodView):
     @blp.alt_response(
         200, schema=JobSchema, description="With `Prefer: wait=N`: the replay finished in time."
     )
-    @blp.alt_response(404, description="No such job (or not yours).")
-    @blp.alt_response(409, description="The job's model is no longer configured.")
-    @blp.alt_response(429, description="Over the rate or the cap on queued jobs.")
+    @answers(
+        blp,
+        """
+        404 No such job (or not yours).
+        409 The job's model is no longer configured.
+        429 Over the rate or the cap on queued jobs.
+        """,
+    )
     def post(self, headers, job_id: uuid.UUID):
         """Replay a job
 

@@ -29,6 +29,15 @@ METADATA_MAX_BYTES = 2048
 MAX_CANCEL_AFTER = 7 * 24 * 3600
 
 
+def prompt_field(description: str) -> fields.String:
+    """A required, non-empty prompt (its length is the model's rule, checked later)."""
+    return fields.String(
+        required=True,
+        validate=validate.Length(min=1, error="Must not be empty."),
+        metadata={"description": description},
+    )
+
+
 class LoraSchema(RefusesNul, ma.Schema):
     """One adapter of a job's `loras`: yours by `id`, or a shared one by `name`."""
 
@@ -126,11 +135,7 @@ class _JobCreateFields(RefusesNul, ma.Schema):
             + f" Default `{DEFAULT_KIND}`."
         },
     )
-    prompt = fields.String(
-        required=True,
-        validate=validate.Length(min=1, error="Must not be empty."),
-        metadata={"description": "What to draw. Limit: the model's `max_prompt_chars`."},
-    )
+    prompt = prompt_field("What to draw. Limit: the model's `max_prompt_chars`.")
     negative_prompt = fields.String(
         load_default=None,
         allow_none=True,

@@ -15,6 +15,7 @@ from app.db.models.webhooks import WebhookAttempt, WebhookEvent
 from app.jobs import service
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
+from app.web.errors import found
 from app.web.services import request_session
 from app.webhooks.delivery import message_id
 
@@ -68,10 +69,7 @@ class DeliveriesSchema(ma.Schema):
 
 
 def _job_or_404(job_id: uuid.UUID):
-    job = service.get_job(request_session(), current_tenant(), job_id)
-    if job is None:
-        abort(404, message="No such job.")
-    return job
+    return found(service.get_job(request_session(), current_tenant(), job_id), "job")
 
 
 def _attempt_view(attempt: WebhookAttempt) -> dict:

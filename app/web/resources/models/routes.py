@@ -15,6 +15,7 @@ from app.kinds.images import InputRef
 from app.rules import model_limit_errors
 from app.web.auth import operator_only, require_api_key
 from app.web.bodies import Blueprint
+from app.web.openapi import answers
 from app.web.resources.models.schemas import (
     LIMIT_FIELDS,
     EstimateQuerySchema,
@@ -158,9 +159,14 @@ class ModelPaused(MethodView):
     @operator_only
     @blp.arguments(PauseRequestSchema)
     @blp.response(200, PauseSchema)
-    @blp.alt_response(403, description="Not an operator's key.")
-    @blp.alt_response(404, description="No such model.")
-    @blp.alt_response(409, description="Its queue also serves a model left running.")
+    @answers(
+        blp,
+        """
+        403 Not an operator's key.
+        404 No such model.
+        409 Its queue also serves a model left running.
+        """,
+    )
     def put(self, args, name: str):
         """Pause a model (operators)
 
@@ -188,9 +194,14 @@ class ModelPaused(MethodView):
 
     @operator_only
     @blp.response(204)
-    @blp.alt_response(403, description="Not an operator's key.")
-    @blp.alt_response(404, description="No such model.")
-    @blp.alt_response(409, description="Its queue also serves a model still paused.")
+    @answers(
+        blp,
+        """
+        403 Not an operator's key.
+        404 No such model.
+        409 Its queue also serves a model still paused.
+        """,
+    )
     def delete(self, name: str):
         """Resume a paused model (operators)
 

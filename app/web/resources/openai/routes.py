@@ -14,7 +14,7 @@ import io
 from typing import Any
 
 import marshmallow as ma
-from flask import jsonify, request
+from flask import request
 from flask.views import MethodView
 from werkzeug.exceptions import HTTPException
 
@@ -27,7 +27,8 @@ from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
 from app.web.errors import as_http_error
 from app.web.inputs import checked_png
-from app.web.openapi import BINARY, form_body
+from app.web.openai_errors import error_answer, error_object
+from app.web.openapi import BINARY, answers, form_body
 from app.web.resources.jobs.schemas import JobCreateSchema
 from app.web.resources.jobs.submit import submit
 from app.web.resources.openai.schemas import (
@@ -54,15 +55,6 @@ FIELD_NAMES = {"num_images": "n", "width": "size", "height": "size", "metadata":
 # The header every synchronous answer carries: the diffq job it came from.
 JOB_ID_HEADER = {
     "diffq-job-id": {"description": "The job behind the answer.", "schema": {"type": "string"}}
-}
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
 }
 EXAMPLE = {"prompt": "a lighthouse at dusk", "n": 1, "size": "512x512"}
 # POST /v1/images/edits: a multipart form, as OpenAI's clients send it.
@@ -103,21 +95,7 @@ class OpenAIError(Exception):
 
 
 def _error_response(status: int, message: str, param=None, code=None, headers=None):
-    body = {
-        "error": {
-            "message": message,
-            "type": ERROR_TYPES.get(status, "server_error" if status >= 500 else "api_error"),
-            "param": param,
-            "code": code,
-        }
-    }
-    response = jsonify(body)
-    response.status_code = status
-    for name, value in (headers or {}).items():
-        response.headers[name] = value
-    if status >= 500:
-        response.headers["x-should-retry"] = "false"
-    return response
+    return error_answer({"error": error_object(status, message, param, code)}, status, headers)
 
 
 @blp.errorhandler(OpenAIError)
@@ -253,24 +231,19 @@ def _image_data(job, response_format: str) -> list[dict[str, Any]]:
 class Generations(MethodView):
     @blp.arguments(ImagesGenerateSchema(), example=EXAMPLE)
     @blp.response(200, ImagesResponseSchema, headers=JOB_ID_HEADER)
-    @blp.alt_response(400, description="The body is not JSON (`invalid_request_error`).")
-    @blp.alt_response(401, description="No or bad API key (`authentication_error`).")
-    @blp.alt_response(
-        415, description="A body without `Content-Type: application/json`; `error.param` names it."
-    )
-    @blp.alt_response(
-        422,
-        description="A parameter breaks a limit, or the body is nested deeper than 32 levels or "
-        "holds a number JSON has not; `error.param` names it.",
-    )
-    @blp.alt_response(429, description="Over the key's rate or the tenant's cap; Retry-After.")
-    @blp.alt_response(
-        500, description="The job failed or was canceled; `error.code` is the job's error code."
-    )
-    @blp.alt_response(
-        504,
-        description="Not finished within DIFFQ_MAX_WAIT seconds. The job keeps running: "
-        "`error.message` and the `diffq-job-id` header name it.",
+    @answers(
+        blp,
+        """
+        400 The body is not JSON (`invalid_request_error`).
+        401 No or bad API key (`authentication_error`).
+        415 A body without `Content-Type: application/json`; `error.param` names it.
+        422 A parameter breaks a limit, or the body is nested deeper than 32 levels
+            or holds a number JSON has not; `error.param` names it.
+        429 Over the key's rate or the tenant's cap; Retry-After.
+        500 The job failed or was canceled; `error.code` is the job's error code.
+        504 Not finished within DIFFQ_MAX_WAIT seconds. The job keeps running:
+            `error.message` and the `diffq-job-id` header name it.
+        """,
     )
     def post(self, body):
         """Create images (OpenAI-compatible)
@@ -285,18 +258,18 @@ class Generations(MethodView):
 class Edits(MethodView):
     @blp.doc(requestBody=EDIT_BODY)
     @blp.response(200, ImagesResponseSchema, headers=JOB_ID_HEADER)
-    @blp.alt_response(401, description="No or bad API key (`authentication_error`).")
-    @blp.alt_response(413, description="Past DIFFQ_INPUT_MAX_BYTES.")
-    @blp.alt_response(
-        422,
-        description="A parameter breaks a limit, an image that is not a PNG, JPEG or WebP "
-        "image, or a mask of another size; `error.param` names it.",
+    @answers(
+        blp,
+        """
+        401 No or bad API key (`authentication_error`).
+        413 Past DIFFQ_INPUT_MAX_BYTES.
+        422 A parameter breaks a limit, an image that is not a PNG, JPEG or WebP
+            image, or a mask of another size; `error.param` names it.
+        429 Over the key's rate or the tenant's cap; Retry-After.
+        500 The job failed or was canceled; `error.code` is the job's error code.
+        504 Not finished within DIFFQ_MAX_WAIT seconds.
+        """,
     )
-    @blp.alt_response(429, description="Over the key's rate or the tenant's cap; Retry-After.")
-    @blp.alt_response(
-        500, description="The job failed or was canceled; `error.code` is the job's error code."
-    )
-    @blp.alt_response(504, description="Not finished within DIFFQ_MAX_WAIT seconds.")
     def post(self):
         """Edit an image (OpenAI-compatible)
 

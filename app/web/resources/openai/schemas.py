@@ -12,33 +12,56 @@ RESPONSE_FORMATS = ("url", "b64_json")
 MAX_N = 10  # OpenAI's own limit; the model's `max_num_images` applies too
 
 
+def model_field(description: str) -> fields.String:
+    """`model`: a diffq model or one of OpenAI's names (which mean the default)."""
+    return fields.String(
+        load_default=None, validate=validate.Length(max=100), metadata={"description": description}
+    )
+
+
+def size_field(example: str, description: str) -> fields.String:
+    """`size`: its form checked here, the model's limits by the job's own checks."""
+    error = f"Must be WIDTHxHEIGHT, like {example}."
+    return fields.String(
+        load_default=None,
+        validate=validate.Regexp(SIZE_PATTERN, error=error),
+        metadata={"description": description},
+    )
+
+
+def seed_field(what: str, *, strict: bool = False) -> fields.Integer:
+    """diffq's `seed`, sent by OpenAI clients through `extra_body`."""
+    return fields.Integer(
+        strict=strict,
+        validate=validate.Range(min=0, max=MAX_SEED),
+        metadata={"description": f"diffq extension: the seed ({what})."},
+    )
+
+
+def count_field(*, strict: bool) -> fields.Integer:
+    """`n` (a form sends it as text: not strict there)."""
+    return fields.Integer(
+        strict=strict,
+        load_default=1,
+        validate=validate.Range(min=1, max=MAX_N),
+        metadata={"description": "Images to make, 1..the model's `max_num_images`."},
+    )
+
+
 class ImagesGenerateSchema(ma.Schema):
     prompt = fields.String(
         required=True,
         metadata={"description": "What to draw. Limit: the model's `max_prompt_chars`."},
     )
-    model = fields.String(
-        load_default=None,
-        validate=validate.Length(max=100),
-        metadata={
-            "description": "A diffq model name, or an OpenAI one (`dall-e-2`, `dall-e-3`, "
-            "`gpt-image-1`, `gpt-image-1-mini`), which means the default model. Default: the "
-            "default model."
-        },
+    model = model_field(
+        "A diffq model name, or an OpenAI one (`dall-e-2`, `dall-e-3`, `gpt-image-1`, "
+        "`gpt-image-1-mini`), which means the default model. Default: the default model."
     )
-    n = fields.Integer(
-        strict=True,
-        load_default=1,
-        validate=validate.Range(min=1, max=MAX_N),
-        metadata={"description": "Images to make, 1..the model's `max_num_images`."},
-    )
-    size = fields.String(
-        load_default=None,
-        validate=validate.Regexp(SIZE_PATTERN, error="Must be WIDTHxHEIGHT, like 512x512."),
-        metadata={
-            "description": "`WIDTHxHEIGHT` within the model's limits (multiples of 8). "
-            "Default: the model's default size."
-        },
+    n = count_field(strict=True)
+    size = size_field(
+        "512x512",
+        "`WIDTHxHEIGHT` within the model's limits (multiples of 8). Default: the model's "
+        "default size.",
     )
     response_format = fields.String(
         load_default="url",
@@ -65,11 +88,7 @@ class ImagesGenerateSchema(ma.Schema):
         metadata={"description": "Accepted for compatibility and ignored."},
     )
     # diffq's own parameters, sent by OpenAI clients through `extra_body`.
-    seed = fields.Integer(
-        strict=True,
-        validate=validate.Range(min=0, max=MAX_SEED),
-        metadata={"description": "diffq extension: the seed (repeatable images; result cache)."},
-    )
+    seed = seed_field("repeatable images; result cache", strict=True)
     steps = fields.Integer(strict=True, metadata={"description": "diffq extension."})
     negative_prompt = fields.String(metadata={"description": "diffq extension."})
     guidance_scale = fields.Float(allow_nan=False, metadata={"description": "diffq extension."})
@@ -96,18 +115,11 @@ class ImagesEditSchema(ma.Schema):
         required=True, metadata={"description": "What to draw where the image is edited."}
     )
     model = ImagesGenerateSchema._declared_fields["model"]
-    n = fields.Integer(
-        load_default=1,
-        validate=validate.Range(min=1, max=MAX_N),
-        metadata={"description": "Images to make, 1..the model's `max_num_images`."},
-    )
-    size = fields.String(
-        load_default=None,
-        validate=validate.Regexp(SIZE_PATTERN, error="Must be WIDTHxHEIGHT, like 512x512."),
-        metadata={
-            "description": "`WIDTHxHEIGHT` within the model's limits. Default: the image's "
-            "size, fitted to the model's limits."
-        },
+    n = count_field(strict=False)
+    size = size_field(
+        "512x512",
+        "`WIDTHxHEIGHT` within the model's limits. Default: the image's size, fitted to "
+        "the model's limits.",
     )
     response_format = ImagesGenerateSchema._declared_fields["response_format"]
     user = ImagesGenerateSchema._declared_fields["user"]
@@ -129,10 +141,7 @@ class ImagesEditSchema(ma.Schema):
             "mask or transparency, 0.75 for a whole-image edit)."
         },
     )
-    seed = fields.Integer(
-        validate=validate.Range(min=0, max=MAX_SEED),
-        metadata={"description": "diffq extension: the seed (repeatable images; result cache)."},
-    )
+    seed = seed_field("repeatable images; result cache")
     steps = fields.Integer(metadata={"description": "diffq extension."})
     negative_prompt = fields.String(metadata={"description": "diffq extension."})
     guidance_scale = fields.Float(allow_nan=False, metadata={"description": "diffq extension."})

@@ -5,8 +5,9 @@ from __future__ import annotations
 import marshmallow as ma
 from marshmallow import fields, validate
 
-from app.rules import MAX_SEED
-from app.web.resources.openai.schemas import SIZE_PATTERN
+from app.web.openapi import OpenAIList
+from app.web.resources.jobs.schemas import prompt_field
+from app.web.resources.openai.schemas import model_field, seed_field, size_field
 
 MAX_SECONDS = 600  # past any model's max_frames; each model's own limit is checked after
 
@@ -14,18 +15,10 @@ MAX_SECONDS = 600  # past any model's max_frames; each model's own limit is chec
 class VideoCreateSchema(ma.Schema):
     """The body's fields (JSON, or the form fields of a multipart body)."""
 
-    prompt = fields.String(
-        required=True,
-        validate=validate.Length(min=1, error="Must not be empty."),
-        metadata={"description": "What the clip shows. Limit: the model's `max_prompt_chars`."},
-    )
-    model = fields.String(
-        load_default=None,
-        validate=validate.Length(max=100),
-        metadata={
-            "description": "A diffq video model, or an OpenAI one (`sora-2`, `sora-2-pro`), "
-            "which means the default video model."
-        },
+    prompt = prompt_field("What the clip shows. Limit: the model's `max_prompt_chars`.")
+    model = model_field(
+        "A diffq video model, or an OpenAI one (`sora-2`, `sora-2-pro`), which means the "
+        "default video model."
     )
     seconds = fields.Float(
         load_default=None,
@@ -39,20 +32,13 @@ class VideoCreateSchema(ma.Schema):
             "example": "2",
         },
     )
-    size = fields.String(
-        load_default=None,
-        validate=validate.Regexp(SIZE_PATTERN, error="Must be WIDTHxHEIGHT, like 832x480."),
-        metadata={
-            "description": "`WIDTHxHEIGHT` within the model's limits and multiples (Wan 16, "
-            "LTX-Video 32). Default: the model's default size, or the shape of "
-            "`input_reference`."
-        },
+    size = size_field(
+        "832x480",
+        "`WIDTHxHEIGHT` within the model's limits and multiples (Wan 16, LTX-Video 32). "
+        "Default: the model's default size, or the shape of `input_reference`.",
     )
     # diffq's own parameters, sent by OpenAI clients through `extra_body`.
-    seed = fields.Integer(
-        validate=validate.Range(min=0, max=MAX_SEED),
-        metadata={"description": "diffq extension: the seed (repeatable clips)."},
-    )
+    seed = seed_field("repeatable clips")
     steps = fields.Integer(metadata={"description": "diffq extension: denoising steps."})
     negative_prompt = fields.String(metadata={"description": "diffq extension."})
     guidance_scale = fields.Float(allow_nan=False, metadata={"description": "diffq extension."})
@@ -93,12 +79,8 @@ class VideoListQuerySchema(ma.Schema):
     order = fields.String(load_default="desc", validate=validate.OneOf(("asc", "desc")))
 
 
-class VideoListSchema(ma.Schema):
-    object = fields.String(metadata={"example": "list"})
+class VideoListSchema(OpenAIList):
     data = fields.List(fields.Nested(VideoSchema))
-    first_id = fields.String(allow_none=True)
-    last_id = fields.String(allow_none=True)
-    has_more = fields.Boolean()
 
 
 class VideoDeletedSchema(ma.Schema):

@@ -33,7 +33,7 @@ from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint, parse_json_body
 from app.web.downloads import attachment
 from app.web.inputs import checked_png
-from app.web.openapi import BINARY, form_body
+from app.web.openapi import BINARY, answers, form_body
 from app.web.resources.jobs.submit import submit
 from app.web.resources.openai.routes import (
     FIELD_NAMES,
@@ -270,15 +270,18 @@ def _video(job_id: uuid.UUID) -> Job:
 class Videos(MethodView):
     @blp.doc(requestBody=CREATE_BODY)
     @blp.response(200, VideoSchema)
-    @blp.alt_response(401, description="No or bad API key (`authentication_error`).")
-    @blp.alt_response(415, description="Neither JSON nor multipart; `error.param` names it.")
-    @blp.alt_response(
-        422,
-        description="`seconds`, `size` or another field outside the model's rules, a model "
-        "that makes no video, or an `input_reference` that is not an image or is too large; "
-        "`error.param` names it and the message the allowed values. Nothing is queued.",
+    @answers(
+        blp,
+        """
+        401 No or bad API key (`authentication_error`).
+        415 Neither JSON nor multipart; `error.param` names it.
+        422 `seconds`, `size` or another field outside the model's rules, a model
+            that makes no video, or an `input_reference` that is not an image or is
+            too large; `error.param` names it and the message the allowed values.
+            Nothing is queued.
+        429 Over the key's rate or the tenant's cap; Retry-After.
+        """,
     )
-    @blp.alt_response(429, description="Over the key's rate or the tenant's cap; Retry-After.")
     def post(self):
         """Create a video (OpenAI-compatible)
 
@@ -393,9 +396,14 @@ class VideoContent(MethodView):
             }
         },
     )
-    @blp.alt_response(404, description="No such video (or not yours, or deleted).")
-    @blp.alt_response(409, description="Not completed yet.")
-    @blp.alt_response(422, description="A variant other than `video` or `thumbnail`.")
+    @answers(
+        blp,
+        """
+        404 No such video (or not yours, or deleted).
+        409 Not completed yet.
+        422 A variant other than `video` or `thumbnail`.
+        """,
+    )
     def get(self, video_id: uuid.UUID):
         """Download a video (OpenAI-compatible)
 

@@ -16,8 +16,9 @@ from app.addons.controlnet import control as controls
 from app.uploads import InputRefused, input_key
 from app.web.auth import current_tenant, require_api_key
 from app.web.bodies import Blueprint
+from app.web.errors import found
 from app.web.inputs import store
-from app.web.openapi import BINARY, form_body
+from app.web.openapi import BINARY, answers, form_body
 from app.web.services import request_session, services
 
 blp = Blueprint(
@@ -52,16 +53,10 @@ class UploadSchema(ma.Schema):
 
 
 def _view(row) -> dict:
+    shown = ("id", "sha256", "width", "height", "bytes", "mode", "created_at", "expires_at")
     return {
-        "id": row.id,
-        "sha256": row.sha256,
-        "width": row.width,
-        "height": row.height,
-        "bytes": row.bytes,
-        "mode": row.mode,
+        **{name: getattr(row, name) for name in shown},
         "content_type": "image/png",
-        "created_at": row.created_at,
-        "expires_at": row.expires_at,
         "urls": {
             "self": url_for("uploads.Upload", upload_id=row.id, _external=True),
             "content": url_for("uploads.UploadContent", upload_id=row.id, _external=True),
@@ -70,10 +65,7 @@ def _view(row) -> dict:
 
 
 def _found(upload_id: uuid.UUID):
-    row = uploads.find(request_session(), current_tenant(), upload_id)
-    if row is None:
-        abort(404, message="No such upload.")
-    return row
+    return found(uploads.find(request_session(), current_tenant(), upload_id), "upload")
 
 
 def _body() -> bytes:
@@ -100,12 +92,14 @@ class Uploads(MethodView):
         )
     )
     @blp.response(201, UploadSchema)
-    @blp.alt_response(413, description="Past DIFFQ_INPUT_MAX_BYTES.")
-    @blp.alt_response(415, description="Neither a multipart form nor an image body.")
-    @blp.alt_response(
-        422,
-        description="Not a PNG, JPEG or WebP image, truncated or damaged, or past "
-        "DIFFQ_INPUT_MAX_PIXELS (read from its header, before decoding).",
+    @answers(
+        blp,
+        """
+        413 Past DIFFQ_INPUT_MAX_BYTES.
+        415 Neither a multipart form nor an image body.
+        422 Not a PNG, JPEG or WebP image, truncated or damaged, or past
+            DIFFQ_INPUT_MAX_PIXELS (read from its header, before decoding).
+        """,
     )
     def post(self):
         """Upload an input image
