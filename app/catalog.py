@@ -38,6 +38,7 @@ def hand_back_margin(consumer_timeout: float) -> float:
 
 
 DTYPES = ("float32", "float16", "bfloat16")
+QUANTIZATIONS = ("", "int8", "fp8")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 # diffusers' attention backends a model may name (workers/attention.py), or "auto":
 # FlashAttention 3 on a GPU where its package is installed, else PyTorch's SDPA ("native").
@@ -147,6 +148,10 @@ class ModelSpec:
     # dispatcher (FLUX, Wan, LTX-Video): one of ATTENTION_BACKENDS; "auto" picks
     # FlashAttention 3 where it is installed on a GPU, else PyTorch's SDPA.
     attention_backend: str = "auto"
+    # Quantized weights (workers/quantized.py): the denoiser's weights stored in 8 bits,
+    # "int8" (any device) or "fp8" (a GPU of compute capability 8.9 or later); empty: the
+    # model's dtype. In the model's digest and every job's manifest.
+    quantize: str = ""
     # Checkpoints (workers/checkpoints.py): a running job's denoising state is stored
     # every this many seconds, and when it is handed back (a shutdown, a spot notice), so
     # a job that dies resumes there; 0: never.
@@ -342,6 +347,11 @@ class ModelSpec:
         if self.compile_backend not in COMPILE_BACKENDS:
             raise CatalogError(
                 f"model {self.name!r}: compile_backend must be one of {COMPILE_BACKENDS}"
+            )
+        if self.quantize not in QUANTIZATIONS:
+            raise CatalogError(
+                f"model {self.name!r}: quantize must be one of "
+                f"{', '.join(repr(q) for q in QUANTIZATIONS)} (empty: not quantized)"
             )
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise CatalogError(

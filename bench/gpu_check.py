@@ -20,11 +20,13 @@ own time limit inside the budget (`--budget`, 540 s by default):
 3. `bench.step_profile`: SDXL jobs through diffq against the bare call and the worker's
    call alone, then each under torch.profiler (GPU idle, host syncs, garbage
    collections, each thread's CPU, operators);
-4. `bench.gpu`: SD 1.5 512² (eager and compiled), then SDXL 1024² (eager), fp16, 20
+4. `bench.quantized`: SD 1.5 512² with int8 and fp8 weights against none (memory,
+   seconds a call, PSNR);
+5. `bench.gpu`: SD 1.5 512² (eager and compiled), then SDXL 1024² (eager), fp16, 20
    steps (random weights in the published layouts: no weights travel);
-5. `bench.cold_start`: SD 1.5 and SDXL, process start to first job ready, by phase;
-6. `bench.batching` on SD 1.5;
-7. `bench.duty --jobs 100` at 0.5 s and 2 s (diffq's worker on the embedded stores, its
+6. `bench.cold_start`: SD 1.5 and SDXL, process start to first job ready, by phase;
+7. `bench.batching` on SD 1.5;
+8. `bench.duty --jobs 100` at 0.5 s and 2 s (diffq's worker on the embedded stores, its
    synthetic model).
 
 The report holds each step's command, status, seconds and its tables (the output's last
@@ -178,6 +180,7 @@ def steps(dry_run: bool) -> list[Step]:
                 120,
             ),
             Step("bench.step_profile (scaled down)", _module("bench.step_profile --steps 2"), 120),
+            Step("bench.quantized (tiny)", _module("bench.quantized --rounds 1 --steps 2"), 120),
             Step(
                 "bench.gpu (scaled down)",
                 _module("bench.gpu --models sd15 --images 1 --steps 1"),
@@ -202,9 +205,10 @@ def steps(dry_run: bool) -> list[Step]:
         ]
     # In order of what matters most; each limit is a cap, the budget cuts the last ones
     # (the quality tiers and where an SDXL job loses time against the bare call first: SD
-    # 1.5's call was at 98.6 % of bare on 2026-11-30, SDXL's rows at 73 %; then the
-    # bare-against-diffq rows; cold start, batching and duty, measured on 2026-11-28, get
-    # what the steps before them leave, and one left no time is reported as not run). The
+    # 1.5's call was at 98.6 % of bare on 2026-11-30, SDXL's rows at 73 %; then quantized
+    # weights, never measured on a GPU; then the bare-against-diffq rows; cold start,
+    # batching and duty, measured on 2026-11-28, get what the steps before them leave,
+    # and one left no time is reported as not run). The
     # limits are what each step took on an NVIDIA H200 on 2026-11-28 and 2026-11-30
     # (docs/performance.md), plus a margin. Every step runs alone: the SDXL rows of
     # 2026-11-28 disagreed with each other while bench.duty ran beside them. SDXL's compile
@@ -220,6 +224,11 @@ def steps(dry_run: bool) -> list[Step]:
             "bench.step_profile: SDXL 1024², fp16, 20 steps, a job through diffq vs the bare call",
             _module("bench.step_profile --model sdxl --steps 20 --rounds 3"),
             140,
+        ),
+        Step(
+            "bench.quantized: SD 1.5 512², fp16, 20 steps, none, int8 and fp8 weights",
+            _module("bench.quantized --model sd15 --rounds 5"),
+            70,
         ),
         Step(
             "bench.gpu: SD 1.5 512², fp16, 20 steps, eager and compiled",

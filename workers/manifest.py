@@ -81,9 +81,11 @@ def model_digest(
     variant: str | None,
     safety_checker: bool,
     attention: str = "native",
+    quantize: str = "",
 ) -> str:
     """SHA-256 over everything a loaded model fixes that shapes its images (an attention
-    backend other than PyTorch's SDPA too: its kernels round otherwise)."""
+    backend other than PyTorch's SDPA too: its kernels round otherwise; quantized
+    weights)."""
     fixed = {
         "files": files_sha,
         "vae": vae_sha,
@@ -93,6 +95,8 @@ def model_digest(
     }
     if attention != "native":  # the digests of every model before backends, unchanged
         fixed["attention"] = attention
+    if quantize:
+        fixed["quantize"] = quantize
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()
 
 
@@ -125,6 +129,7 @@ def model_manifest(
     variant: str | None = None,
     safety_checker: bool = False,
     attention_backend: str = "native",
+    quantize: str = "",
 ) -> dict[str, Any]:
     """The part of every manifest that a loaded model fixes. `digests`: `model` (the
     cache's key: `model_digest`), `weights` (the folder's files), `vae` (a separate
@@ -138,6 +143,7 @@ def model_manifest(
         "variant": variant,
         "safety_checker": safety_checker,
         "attention_backend": attention_backend,
+        "quantize": quantize or None,
         "device": device_name(device),
         "versions": {
             "diffq": package_version("diffq"),

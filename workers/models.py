@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 
 def weights_of(spec: ModelSpec) -> tuple:
-    return (spec.path.resolve(), spec.dtype)
+    """What makes two entries one pipeline: the same files, loaded the same way."""
+    return (spec.path.resolve(), spec.dtype, spec.quantize)
 
 
 class ModelCache(MutableMapping[str, LoadedModel]):

@@ -15,6 +15,7 @@ from app.addons.base import ByteCache
 from app.addons.lora.worker import PipelineAdapters
 from app.catalog import ModelSpec
 from app.families import FAMILIES, family_of_pipeline
+from workers import quantized
 from workers.attention import AttentionRefused, apply_backend, resolved_backend
 from workers.compiled import compile_denoiser
 from workers.footprint import measured_bytes
@@ -183,6 +184,10 @@ def model_identity(
     dtype = resolve_dtype(spec, device)
     dtype_name = str(dtype).removeprefix("torch.")
     backend = resolved_backend(spec, device, dtype)
+    try:
+        quantized.check(spec, device)
+    except quantized.QuantizationRefused as exc:
+        raise ModelLoadError(f"model {spec.name!r}: {exc}") from exc
     digests: dict[str, str | None] = {
         "weights": files_digest(spec.path, digest_cache),
         "vae": (files_digest(spec.vae_path, digest_cache) if spec.vae_path is not None else None),
@@ -194,6 +199,7 @@ def model_identity(
         variant=spec.variant,
         safety_checker=spec.safety_checker,
         attention=backend,
+        quantize=spec.quantize,
     )
     manifest = model_manifest(
         spec.name,
@@ -203,6 +209,7 @@ def model_identity(
         variant=spec.variant,
         safety_checker=spec.safety_checker,
         attention_backend=backend,
+        quantize=spec.quantize,
     )
     return digest, manifest
 
@@ -216,9 +223,11 @@ def load_model(spec: ModelSpec, device: str, digest_cache: Path | None = None) -
     transformers.utils.logging.disable_progress_bar()
     check_model_dir(spec)
     dtype = resolve_dtype(spec, device)
+    digest, manifest = model_identity(spec, device, digest_cache)  # refuses what cannot run
     started = time.perf_counter()
     try:
-        pipeline = DiffusionPipeline.from_pretrained(str(spec.path), **load_options(spec, dtype))
+        options = {**load_options(spec, dtype), **quantized.load_options(spec)}
+        pipeline = DiffusionPipeline.from_pretrained(str(spec.path), **options)
         read = time.perf_counter()
         pipeline = pipeline.to(device)
         backend = resolved_backend(spec, device, dtype)
@@ -238,13 +247,7 @@ def load_model(spec: ModelSpec, device: str, digest_cache: Path | None = None) -
     pipeline.set_progress_bar_config(disable=True)
     loaded_seconds = time.perf_counter() - started
     device_seconds = time.perf_counter() - read
-    digest, manifest = model_identity(spec, device, digest_cache)
-    log.info(
-        "model %s sha256 %s (%.2fs)",
-        spec.name,
-        digest[:16],
-        time.perf_counter() - started - loaded_seconds,
-    )
+    log.info("model %s sha256 %s", spec.name, digest[:16])
     from app.metrics.instruments import MODEL_LOAD_DURATION
 
     MODEL_LOAD_DURATION.labels(spec.name, "load").observe(loaded_seconds)

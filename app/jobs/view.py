@@ -280,7 +280,8 @@ class ManifestSchema(ma.Schema):
     model_sha256 = fields.String(
         metadata={
             "description": "SHA-256 over all the loaded model fixes: its files, a separate "
-            "VAE's, dtype, variant, safety checker (the result cache keys on it)."
+            "VAE's, dtype, variant, safety checker, quantization (the result cache keys on "
+            "it)."
         }
     )
     weights_sha256 = fields.String(
@@ -297,6 +298,14 @@ class ManifestSchema(ma.Schema):
             "`attention_backend`, resolved): `native` is PyTorch's SDPA.",
             "example": "native",
         }
+    )
+    quantize = fields.String(
+        allow_none=True,
+        metadata={
+            "description": "The denoiser's quantized weights (the catalog's `quantize`: "
+            "`int8`, `fp8`); null: the model's dtype.",
+            "example": "int8",
+        },
     )
     kind = fields.String(metadata={"example": "img2img"})
     inputs = fields.Dict(

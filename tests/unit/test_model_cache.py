@@ -154,3 +154,11 @@ def test_with_demand_known_the_least_wanted_goes_before_the_least_recent():
     cache.demand = lambda names: {}  # the database cannot say: least recent first
     cache.get("d")
     assert sorted(cache) == ["c", "d"]
+
+
+def test_a_quantized_entry_of_the_same_files_is_a_pipeline_of_its_own():
+    """One model served as it is and with `quantize`: two pipelines, not one shared."""
+    cache, loaded = _cache(capacity=0)
+    cache.served["a8"] = replace(cache.served["a"], name="a8", quantize="int8")
+    full, int8 = cache.get("a"), cache.get("a8")
+    assert loaded == ["a", "a8"] and full.pipeline is not int8.pipeline

@@ -39,6 +39,7 @@ def _view(spec: ModelSpec, default: str, paused: dict[str, pauses.Pause]) -> dic
         "default": spec.name == default,
         "limits": {name: getattr(spec, name) for name in LIMIT_FIELDS},
         "family": spec.family,
+        "quantize": spec.quantize or None,
         "preset": spec.preset,
         "schedulers": list(spec.schedulers),
         "sizes": list(spec.sizes),

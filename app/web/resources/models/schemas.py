@@ -139,6 +139,14 @@ class ModelSchema(ma.Schema):
             "example": "sd",
         }
     )
+    quantize = fields.String(
+        allow_none=True,
+        metadata={
+            "description": "Its denoiser's quantized weights (`int8`, `fp8`; the manifest's "
+            "`quantize`); null: the model's dtype.",
+            "example": None,
+        },
+    )
     preset = fields.String(
         allow_none=True,
         metadata={
