@@ -5,7 +5,9 @@ on the same arrivals, in one run.
     .venv/bin/python -m bench.hold [--jobs 240] [--interval 0.4] [--hold 20] [--seed 7]
 
 Two variants on the same arrivals: no hold (DIFFQ_WARM_HOLD_SECONDS=0, the baseline:
-today's warm routing, LRU unloading) and the hold (`--hold` seconds).
+today's warm routing, LRU unloading) and the hold (`--hold` seconds), with which a
+worker unloads a second copy first, then the model least wanted x slowest to reload
+(workers/unload.py).
 
 Two CPU workers on one queue serving 6 tiny models (distinct weights), each holding 2
 loaded at a time (DIFFQ_WORKER_MAX_MODELS=2), as on the residency simulation
