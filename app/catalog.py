@@ -40,6 +40,9 @@ def hand_back_margin(consumer_timeout: float) -> float:
 DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZATIONS = ("", "int8", "fp8")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+# What of a denoiser torch.compile compiles (workers/compiled.py): all of it, its repeated
+# blocks (regional compilation), or "auto": the blocks of a transformer that names them.
+COMPILE_SCOPES = ("auto", "model", "blocks")
 # diffusers' attention backends a model may name (workers/attention.py), or "auto":
 # FlashAttention 3 on a GPU where its package is installed, else PyTorch's SDPA ("native").
 # The `_hub` backends are left out: they fetch kernels from the Hugging Face Hub.
@@ -144,6 +147,11 @@ class ModelSpec:
     # torch.compile's backend: inductor (generated kernels); aot_eager and eager trace
     # without generating code (seconds instead of minutes: the CPU tests use them).
     compile_backend: str = "inductor"
+    # What is compiled: "model", the whole denoiser; "blocks", only its repeated blocks
+    # (diffusers' compile_repeated_blocks: each block class compiled once and reused by
+    # every block, in a fraction of the time); "auto": blocks for a transformer that names
+    # its repeated blocks (FLUX, Wan, LTX-Video), the whole model otherwise (a UNet).
+    compile_scope: str = "auto"
     # The attention kernels of a transformer whose attention goes through diffusers'
     # dispatcher (FLUX, Wan, LTX-Video): one of ATTENTION_BACKENDS; "auto" picks
     # FlashAttention 3 where it is installed on a GPU, else PyTorch's SDPA.
@@ -347,6 +355,10 @@ class ModelSpec:
         if self.compile_backend not in COMPILE_BACKENDS:
             raise CatalogError(
                 f"model {self.name!r}: compile_backend must be one of {COMPILE_BACKENDS}"
+            )
+        if self.compile_scope not in COMPILE_SCOPES:
+            raise CatalogError(
+                f"model {self.name!r}: compile_scope must be one of {COMPILE_SCOPES}"
             )
         if self.quantize not in QUANTIZATIONS:
             raise CatalogError(

@@ -186,13 +186,20 @@ SERVICE_FAULTS = frozenset(
 def process_of(nodeid: str) -> str:
     """Which of scripts/test's four processes runs a test: the fault scenarios in two
     (killed workers; broken services and networks), each on a fault stack of its own,
-    and everything else in two halves, by a checksum of the file's path (even enough:
-    546 and 544 s of test time when it was set)."""
+    with the tests that need no service beside them (tests/worker with the killed workers,
+    tests/unit with the broken services: the fault lanes had 250 s of slack in a 1,300 s
+    run, and these need nothing started), and everything else in two halves, by a
+    checksum of the file's path (even enough: 546 and 544 s of test time when it was
+    set)."""
     import zlib
 
     path = nodeid.split("::", 1)[0]
     if path.startswith("tests/faults/"):
         return "faults-services" if path.rsplit("/", 1)[1] in SERVICE_FAULTS else "faults-workers"
+    if path.startswith("tests/worker/"):
+        return "faults-workers"
+    if path.startswith("tests/unit/"):
+        return "faults-services"
     return f"main-{zlib.crc32(path.encode()) % 2}"
 
 

@@ -27,7 +27,7 @@ from app.kinds import JobKind, JobRequest, kind_of
 from app.metrics.instruments import COMPILED_GRAPHS
 from app.rules import SCHEDULERS
 from workers import conditioning, denoise_state
-from workers.compiled import denoiser_for, denoiser_name, restore
+from workers.compiled import denoiser_name, running
 from workers.rows import cut_rows, cut_scheduler, row_inputs
 from workers.tiers import TierCall
 
@@ -98,10 +98,11 @@ def job_scheduler(model: LoadedModel, name: str) -> Any:
     return copy.deepcopy(template)
 
 
-def _ready(model: LoadedModel, kind: JobKind, job: JobRequest, addons: Mapping) -> Any:
+def _ready(model: LoadedModel, kind: JobKind, job: JobRequest, addons: Mapping) -> tuple[Any, bool]:
     """The kind's pipeline for a call with `job`'s add-ons, each made ready by its worker
     half (app/addons): LoRA's adapters active in the model's pipeline, the pipeline
-    derived with ControlNet's modules."""
+    derived with ControlNet's modules; and whether an add-on derived it (its modules feed
+    the denoiser inputs a compiled denoiser was not warmed with)."""
     key: tuple[str, ...] = ()
     keywords: dict[str, Any] = {}
     for name, addon in ADDONS.items():
@@ -110,7 +111,7 @@ def _ready(model: LoadedModel, kind: JobKind, job: JobRequest, addons: Mapping) 
         worker.before_call(model, items, fetched)
         key += worker.pipeline_key(items)
         keywords.update(worker.derive(items, fetched))
-    return kind_pipeline(model, kind, key, keywords)
+    return kind_pipeline(model, kind, key, keywords), bool(key)
 
 
 def kind_pipeline(
@@ -232,14 +233,13 @@ def _call(model, jobs, on_step, inputs, addons, checkpoints) -> list[Generation 
     ]
 
     with model.lock:
-        pipeline = _ready(model, kind, jobs[0], addons)
+        pipeline, derived = _ready(model, kind, jobs[0], addons)
         scheduler = pipeline.scheduler = job_scheduler(model, jobs[0].scheduler)
         tiered = TierCall(pipeline, tier, model.spec.family)
-        eager = (
-            denoiser_for(model, pipeline, jobs[0].width, jobs[0].height)
-            if tiered.compiled_ok
-            else None
-        )
+        # Compiled where the warm-up compiled it: not with a step cache's hooks on the
+        # blocks, nor a ControlNet's residuals among the denoiser's inputs.
+        compiled_ok = tiered.compiled_ok and not derived
+        stance = running(model, jobs[0].width, jobs[0].height, compiled_ok)
         cuttable = row_inputs(pipeline)
         resume = _resumable(checkpoints)
         skipping = _skip_denoiser(pipeline) if resume is not None else None
@@ -295,8 +295,8 @@ def _call(model, jobs, on_step, inputs, addons, checkpoints) -> list[Generation 
             encoded = conditioning.CACHE.around(
                 pipeline, f"{model.digest}:{model.spec.name}", (jobs[0].adapter_set,)
             )
-            graphs = _graphs() if eager is not None else 0
-            with torch.inference_mode(), tiered, encoded:
+            graphs = _graphs() if model.compiled else 0
+            with stance, torch.inference_mode(), tiered, encoded:
                 output = pipeline(
                     **_fitted(pipeline, kind.call_arguments(jobs, prepared), jobs[0]),
                     generator=generators if len(generators) > 1 else generators[0],
@@ -305,7 +305,7 @@ def _call(model, jobs, on_step, inputs, addons, checkpoints) -> list[Generation 
                         cuttable or ["latents"]
                     ),
                 )
-            if eager is not None:  # a model with a compiled denoiser: what the call traced
+            if model.compiled:  # a model with a compiled denoiser: what the call traced
                 COMPILED_GRAPHS.labels(model.spec.name).inc(_graphs() - graphs)
             if resume is not None and not resumed_from:  # its step never came
                 raise ResumeRefused(f"the call ended before step {resume.step}")
@@ -313,7 +313,6 @@ def _call(model, jobs, on_step, inputs, addons, checkpoints) -> list[Generation 
             if skipping is not None:
                 skipping()
             pipeline.scheduler = model.scheduler  # between calls, the model's own
-            restore(pipeline, eager)  # and its eager denoiser
     images = kind.outputs(output)  # per row: an image, or a clip's frames
     flagged = getattr(output, "nsfw_content_detected", None) or [False] * len(images)
     results: list[Generation | None] = []

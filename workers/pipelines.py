@@ -17,7 +17,7 @@ from app.catalog import ModelSpec
 from app.families import FAMILIES, family_of_pipeline
 from workers import quantized
 from workers.attention import AttentionRefused, apply_backend, resolved_backend
-from workers.compiled import compile_denoiser
+from workers.compiled import CompileRefused, compile_denoiser, compile_shapes
 from workers.footprint import measured_bytes
 from workers.manifest import files_digest, model_digest, model_manifest
 from workers.tiers import TierUnavailable, check_tiers
@@ -54,9 +54,10 @@ class LoadedModel:
     controlnets: ByteCache = field(default_factory=lambda: ByteCache(0))
     # Each scheduler name's pristine instance, copied for every call (workers/call.py).
     schedulers: dict[str, Any] = field(default_factory=dict)
-    # The denoiser wrapped in torch.compile, for the catalog's compile_sizes
-    # (workers/compiled.py); None: every size runs eager.
-    compiled: Any = None
+    # What of the denoiser is compiled in place for the catalog's compile_sizes
+    # (workers/compiled.py): "model" (all of it) or "blocks" (its repeated blocks); "":
+    # nothing, every size runs eager.
+    compiled: str = ""
     # Seconds the warm-up took: "warm_up" (the first kind), "warm_up WxH" per compile tier.
     warm_seconds: dict[str, float] = field(default_factory=dict)
     # Bytes of its weights on the device (workers/footprint.py), for the model cache.
@@ -255,7 +256,10 @@ def load_model(spec: ModelSpec, device: str, digest_cache: Path | None = None) -
         spec, pipeline, device, loaded_seconds - device_seconds, device_seconds, digest, manifest
     )
     model.bytes = measured_bytes(pipeline)
-    compile_denoiser(model)
+    try:
+        compile_denoiser(model)
+    except CompileRefused as exc:
+        raise ModelLoadError(f"model {spec.name!r}: compile_scope: {exc}") from exc
     return model
 
 
@@ -276,8 +280,8 @@ def warm_up(model: LoadedModel) -> float:
     model.warm_seconds["warm_up"] = time.perf_counter() - started
     for width, height in model.spec.compile_tiers:  # each tier compiled here, not on a job
         tier_started = time.perf_counter()
-        sized = replace(request, width=width, height=height)
-        generate(model, [sized], on_step=[lambda *_: True], inputs=[inputs])
+        for shaped in compile_shapes(model.spec, replace(request, width=width, height=height)):
+            generate(model, [shaped], on_step=[lambda *_: True], inputs=[inputs])
         model.warm_seconds[f"warm_up {width}x{height}"] = time.perf_counter() - tier_started
     seconds = time.perf_counter() - started
     from app.metrics.instruments import MODEL_LOAD_DURATION

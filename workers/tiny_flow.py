@@ -125,10 +125,11 @@ def build_tiny_sd3_pipeline(seed: int = 0):
     )
 
 
-def build_tiny_flux_pipeline(seed: int = 0):
+def build_tiny_flux_pipeline(seed: int = 0, *, blocks: tuple[int, int] = (1, 1)):
     """FLUX.1's layout: CLIP for the pooled embedding, T5 for the sequence, double and
     single stream blocks over 2 x 2 packed latents, flow-matching Euler with the
-    resolution-dependent shift. No guidance embedding (as FLUX.1-schnell)."""
+    resolution-dependent shift. No guidance embedding (as FLUX.1-schnell). `blocks`: the
+    double and single stream blocks (FLUX.1's are 19 and 38)."""
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 
@@ -139,8 +140,8 @@ def build_tiny_flux_pipeline(seed: int = 0):
     transformer = FluxTransformer2DModel(
         patch_size=1,
         in_channels=latent_channels * 4,  # 2 x 2 packed
-        num_layers=1,
-        num_single_layers=1,
+        num_layers=blocks[0],
+        num_single_layers=blocks[1],
         attention_head_dim=16,
         num_attention_heads=2,
         joint_attention_dim=32,  # the T5's width
