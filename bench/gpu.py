@@ -159,6 +159,110 @@ def _build(family: str, scale: int):
     )
 
 
+def build_flux_dev(scale: int, device: str = "cpu", dtype=None):
+    """FLUX.1-dev with random weights in its published layout (scale 1): 19 double and 38
+    single stream blocks of 24 heads x 128, guidance embedding, T5-XXL (4096 wide, 24
+    layers) and CLIP-L text encoders, the 16-channel VAE, flow-matching Euler with the
+    resolution-dependent shift. `scale` > 1 divides the widths (blocks and depths kept: a
+    CPU's dry run). Made on `device` in `dtype` (bf16 on a GPU: 12 billion weights drawn
+    there in seconds, never held in fp32). The tokenizers are offline stand-ins
+    (workers/tiny_flow.py): token ids index the published vocabularies."""
+    import torch
+    import transformers
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        FluxPipeline,
+        FluxTransformer2DModel,
+    )
+
+    from workers.tiny_flow import _clip_parts, _t5_parts
+
+    (_,), clip_tokenizer = _clip_parts(with_projection=False, count=1)
+    _, t5_tokenizer = _t5_parts()
+    vocab = clip_tokenizer.get_vocab()
+    heads, head_dim = (24, 128) if scale == 1 else (2, 16)
+    axes = (16, 56, 56) if scale == 1 else (4, 4, 8)
+    t5_width, clip_width = 4096 // scale, 768 // scale
+    previous = torch.get_default_dtype()
+    torch.manual_seed(0)
+    try:
+        torch.set_default_dtype(dtype or torch.float32)
+        with torch.device(device):
+            transformer = FluxTransformer2DModel(
+                patch_size=1,
+                in_channels=64,
+                num_layers=19,
+                num_single_layers=38,
+                attention_head_dim=head_dim,
+                num_attention_heads=heads,
+                joint_attention_dim=t5_width,
+                pooled_projection_dim=clip_width,
+                guidance_embeds=True,
+                axes_dims_rope=axes,
+            )
+            text_encoder = transformers.CLIPTextModel(
+                transformers.CLIPTextConfig(
+                    bos_token_id=vocab["<|startoftext|>"],
+                    eos_token_id=vocab["<|endoftext|>"],
+                    pad_token_id=vocab["<|endoftext|>"],
+                    hidden_size=clip_width,
+                    intermediate_size=clip_width * 4,
+                    num_attention_heads=max(1, 12 // scale),
+                    num_hidden_layers=12,
+                    vocab_size=49408,
+                    max_position_embeddings=77,
+                    hidden_act="quick_gelu",
+                )
+            )
+            text_encoder_2 = transformers.T5EncoderModel(
+                transformers.T5Config(
+                    vocab_size=32128,
+                    d_model=t5_width,
+                    d_kv=64 if scale == 1 else 16,
+                    d_ff=10240 // scale,
+                    num_layers=24,
+                    num_heads=64 if scale == 1 else 4,
+                    feed_forward_proj="gated-gelu",
+                    pad_token_id=0,
+                    eos_token_id=1,
+                )
+            )
+            vae = AutoencoderKL(
+                block_out_channels=[max(32, c // scale // 32 * 32) for c in (128, 256, 512, 512)],
+                layers_per_block=2,
+                in_channels=3,
+                out_channels=3,
+                down_block_types=["DownEncoderBlock2D"] * 4,
+                up_block_types=["UpDecoderBlock2D"] * 4,
+                latent_channels=16,
+                sample_size=1024,
+                use_quant_conv=False,
+                use_post_quant_conv=False,
+                shift_factor=0.1159,
+                scaling_factor=0.3611,
+            )
+    finally:
+        torch.set_default_dtype(previous)
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        shift=3.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=1.15,
+        base_image_seq_len=256,
+        max_image_seq_len=4096,
+    )
+    return FluxPipeline(
+        transformer=transformer,
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=clip_tokenizer,
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=t5_tokenizer,
+    )
+
+
 MODELS_TOML = """\
 [models.{name}]
 path = "{path}"

@@ -15,19 +15,24 @@ path of every step, the image's own packages untouched), then runs, each step wi
 own time limit inside the budget (`--budget`, 540 s by default):
 
 1. `tests/gpu` (pytest; a CPU skips them with the reason);
-2. `bench.quality`: each quality tier of SD 1.5 512² and SDXL 1024² against `exact` in
+2. `bench.quality` on FLUX.1-dev's layout (random weights drawn on the GPU in bf16), 1024²,
+   28 steps: the bare pipeline call, then each quality tier through the worker's call
+   (seconds an image, % of bare, PSNR against `exact`), eager;
+3. `bench.quality`: each quality tier of SD 1.5 512² and SDXL 1024² against `exact` in
    the same run (denoiser work, seconds an image, PSNR), fp16, 20 steps;
-3. `bench.step_profile`: SDXL jobs through diffq against the bare call and the worker's
+4. `bench.step_profile`: SDXL jobs through diffq against the bare call and the worker's
    call alone, then each under torch.profiler (GPU idle, host syncs, garbage
    collections, each thread's CPU, operators);
-4. `bench.quantized`: SD 1.5 512² with int8 and fp8 weights against none (memory,
+5. `bench.quantized`: SD 1.5 512² with int8 and fp8 weights against none (memory,
    seconds a call, PSNR);
-5. `bench.gpu`: SD 1.5 512² (eager and compiled), then SDXL 1024² (eager), fp16, 20
+6. the FLUX rows again, compiled as its catalog entry would (`compile_scope` auto: its
+   blocks, inductor), warmed as a worker warms it;
+7. `bench.gpu`: SD 1.5 512² (eager and compiled), then SDXL 1024² (eager), fp16, 20
    steps (random weights in the published layouts: no weights travel);
-6. `bench.cold_start`: SD 1.5 and SDXL, process start to first job ready, by phase;
-7. `bench.batching` on SD 1.5;
-8. `bench.duty --jobs 100` at 0.5 s and 2 s (diffq's worker on the embedded stores, its
-   synthetic model).
+8. `bench.cold_start`: SD 1.5 and SDXL, process start to first job ready, by phase;
+9. `bench.batching` on SD 1.5;
+10. `bench.duty --jobs 100` at 0.5 s and 2 s (diffq's worker on the embedded stores, its
+    synthetic model).
 
 The report holds each step's command, status, seconds and its tables (the output's last
 lines). A step that fails or runs out of time is reported as such and the next one runs.
@@ -182,6 +187,11 @@ def steps(dry_run: bool) -> list[Step]:
             Step("bench.step_profile (scaled down)", _module("bench.step_profile --steps 2"), 120),
             Step("bench.quantized (tiny)", _module("bench.quantized --rounds 1 --steps 2"), 120),
             Step(
+                "bench.quality: FLUX.1-dev's layout (scaled down), eager and compiled",
+                _module("bench.quality --models flux-dev --seeds 1 --steps 2 --sweep --compile"),
+                200,
+            ),
+            Step(
                 "bench.gpu (scaled down)",
                 _module("bench.gpu --models sd15 --images 1 --steps 1"),
                 300,
@@ -216,6 +226,11 @@ def steps(dry_run: bool) -> list[Step]:
     return [
         Step("tests/gpu", _module(TESTS), 95),
         Step(
+            "bench.quality: FLUX.1-dev 1024², bf16, 28 steps, bare and each tier, eager",
+            _module("bench.quality --models flux-dev --seeds 1 --steps 28 --sweep"),
+            120,
+        ),
+        Step(
             "bench.quality: SD 1.5 512² and SDXL 1024², fp16, 20 steps, each tier vs exact",
             _module("bench.quality --models sd15 sdxl --seeds 2 --steps 20"),
             80,
@@ -229,6 +244,11 @@ def steps(dry_run: bool) -> list[Step]:
             "bench.quantized: SD 1.5 512², fp16, 20 steps, none, int8 and fp8 weights",
             _module("bench.quantized --model sd15 --rounds 5"),
             70,
+        ),
+        Step(
+            "bench.quality: FLUX.1-dev 1024², bf16, 28 steps, compiled (its blocks, inductor)",
+            _module("bench.quality --models flux-dev --seeds 1 --steps 28 --sweep --compile"),
+            300,
         ),
         Step(
             "bench.gpu: SD 1.5 512², fp16, 20 steps, eager and compiled",

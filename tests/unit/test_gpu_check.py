@@ -57,19 +57,22 @@ def test_prepare_ships_what_the_gpu_image_lacks_and_nothing_it_has():
 
 
 def test_the_gpu_plan_runs_the_new_rows_first_within_one_ten_minute_command():
-    """The rows never measured on a GPU (the quality tiers, the step profile, quantized
-    weights) come right after the GPU tests and fit the budget at their whole limits (540
-    s, + install: under 600 s); the budget's remainder goes to the steps after them (the
-    bench.gpu rows first), and one it leaves no time for is reported as not run."""
+    """The rows never measured on a GPU (FLUX.1-dev's, the quality tiers, the step
+    profile, quantized weights) come right after the GPU tests and fit the budget at
+    their whole limits (540 s, + install: under 600 s); the budget's remainder goes to the
+    steps after them (FLUX compiled, then the bench.gpu rows), and one it leaves no time
+    for is reported as not run."""
     plan = steps(dry_run=False)
     commands = [" ".join(step.args[2:]) for step in plan]
     gpu_rows = [i for i, c in enumerate(commands) if c.startswith("bench.gpu ")]
-    assert sum(s.limit for s in plan[:4]) <= 540 and min(gpu_rows) == 4
+    assert sum(s.limit for s in plan[:5]) <= 540 and min(gpu_rows) == 6
     assert all(s.limit <= 540 for s in plan)
     assert commands[0].endswith("tests/gpu")
-    assert commands[1].startswith("bench.quality --models sd15 sdxl")
-    assert commands[2].startswith("bench.step_profile --model sdxl --steps 20")
-    assert commands[3].startswith("bench.quantized --model sd15")
+    assert commands[1].startswith("bench.quality --models flux-dev --seeds 1 --steps 28")
+    assert "--compile" not in commands[1] and "--compile" in commands[5]
+    assert commands[2].startswith("bench.quality --models sd15 sdxl")
+    assert commands[3].startswith("bench.step_profile --model sdxl --steps 20")
+    assert commands[4].startswith("bench.quantized --model sd15")
     for model in ("sd15", "sdxl"):
         [bench] = [c for c in commands if c.startswith(f"bench.gpu --models {model}")]
         assert "--steps 20" in bench
