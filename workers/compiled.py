@@ -105,10 +105,14 @@ def compile_shapes(spec: ModelSpec, request: JobRequest) -> list[JobRequest]:
     One row is a graph of its own (dynamo specializes a dimension of 1: an unguided
     image, or any after a tier's guidance cut); two rows a second; a call with more
     rows makes the batch dynamic, one graph up to the most rows a call can carry (a
-    whole batch of jobs of the most images each), which the last call runs."""
+    whole batch of jobs of the most images each, within max_pixels_per_job; a video job
+    is one clip, alone), which the last call runs."""
     from dataclasses import replace
 
-    most = spec.max_num_images * spec.max_batch
+    per_job = spec.max_num_images
+    if spec.max_pixels_per_job is not None:  # what one job may ask of the GPU's memory
+        per_job = min(per_job, spec.max_pixels_per_job // (request.width * request.height))
+    most = 1 if spec.video else max(1, per_job) * spec.max_batch  # a video job: one clip
     calls = [request, replace(request, guidance_scale=1.0)]  # two rows (guided), one
     if most > 1:
         calls.append(replace(request, num_images=most))

@@ -141,6 +141,23 @@ def test_no_job_of_a_compiled_size_compiles_after_the_warm_up(tmp_path, scope):
     assert backend.graphs == traced
 
 
+def test_the_warm_up_calls_stay_within_what_a_job_may_carry(tmp_path):
+    """The largest warm-up call is a whole batch of the most images one job may carry at
+    that size; a video model's jobs are one clip each."""
+    from app.catalog import tiny_video_spec
+    from workers.compiled import compile_shapes
+
+    spec = replace(tiny_spec(tmp_path), max_num_images=4, max_batch=2)
+    request = job_request(spec, width=64, height=64)
+    assert [c.num_images for c in compile_shapes(spec, request)] == [1, 1, 8]
+    assert [c.guidance_scale for c in compile_shapes(spec, request)][1] == 1.0
+    bounded = replace(spec, max_pixels_per_job=64 * 64 * 3)
+    assert compile_shapes(bounded, request)[-1].num_images == 6
+    video = tiny_video_spec(tmp_path)
+    clip = job_request(video, kind="txt2vid", width=64, height=64, num_frames=9, fps=24)
+    assert [c.num_images for c in compile_shapes(video, clip)] == [1, 1]
+
+
 def test_a_step_cache_call_runs_eager_on_a_compiled_model(tmp_path):
     """A tier whose step cache hooks the denoiser's blocks runs eager even at a compiled
     size: the hooks would make dynamo trace again."""
