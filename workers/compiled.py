@@ -122,7 +122,8 @@ def compile_shapes(spec: ModelSpec, request: JobRequest) -> list[JobRequest]:
 @contextlib.contextmanager
 def running(model: LoadedModel, width: int, height: int, allowed: bool = True) -> Iterator[None]:
     """The context a call of this size runs in: as compiled where the model compiled
-    this size and the call allows it (`allowed`: no step cache's hooks), else eager, under
+    this size and the call allows it (`allowed`: no step cache's hooks on the blocks, no
+    ControlNet's residuals among the inputs, workers/call.py), else eager, under
     the compiler's `force_eager` stance (a process-wide setting: a worker process runs one
     call at a time, under the model's lock)."""
     if not model.compiled or (allowed and (width, height) in model.spec.compile_tiers):
