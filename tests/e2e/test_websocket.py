@@ -180,8 +180,16 @@ def test_the_server_pings_an_idle_socket(api_server, tenant_key):
 @pytest.fixture(scope="module")
 def roomy_api(stack):
     """One gunicorn process with a thread for every socket of the fleet test."""
-    # One tenant's fleet: the stream caps lifted (tests/security tests them).
-    env = {**stack.env, "DIFFQ_MAX_TENANT_STREAMS": "0", "DIFFQ_MAX_STREAMS": "0"}
+    # One tenant's fleet: the stream caps lifted (tests/security tests them). Pings at the
+    # default 15 s, not the suite's 1 s: a ping unanswered by the next one closes its
+    # socket with 1008 (test_the_server_pings_an_idle_socket), and a loaded machine can
+    # keep one client loop from answering 100 sockets' pings within a second.
+    env = {
+        **stack.env,
+        "DIFFQ_MAX_TENANT_STREAMS": "0",
+        "DIFFQ_MAX_STREAMS": "0",
+        "DIFFQ_SSE_KEEPALIVE": "15",
+    }
     server = ApiServer(env, stack.logs, name="api-ws", workers=1, threads=SOCKETS + 20)
     server.start()
     yield server
