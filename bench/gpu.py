@@ -49,7 +49,8 @@ def _text_encoder(cls_name: str, hidden: int, layers: int, heads: int, vocab: di
     return getattr(transformers, cls_name)(config)
 
 
-def _vae(scale: int, sample_size: int, force_upcast: bool):
+def _vae(scale: int, sample_size: int, force_upcast: bool = True, **config):
+    """The published VAEs' layout (SD's 4 latent channels unless `config` says more)."""
     from diffusers import AutoencoderKL
 
     return AutoencoderKL(
@@ -59,9 +60,9 @@ def _vae(scale: int, sample_size: int, force_upcast: bool):
         out_channels=3,
         down_block_types=["DownEncoderBlock2D"] * 4,
         up_block_types=["UpDecoderBlock2D"] * 4,
-        latent_channels=4,
         sample_size=sample_size,
         force_upcast=force_upcast,
+        **{"latent_channels": 4, **config},
     )
 
 
@@ -169,14 +170,9 @@ def build_flux_dev(scale: int, device: str = "cpu", dtype=None):
     (workers/tiny_flow.py): token ids index the published vocabularies."""
     import torch
     import transformers
-    from diffusers import (
-        AutoencoderKL,
-        FlowMatchEulerDiscreteScheduler,
-        FluxPipeline,
-        FluxTransformer2DModel,
-    )
+    from diffusers import FluxPipeline, FluxTransformer2DModel
 
-    from workers.tiny_flow import _clip_parts, _t5_parts
+    from workers.tiny_flow import _clip_parts, _t5_parts, flux_scheduler
 
     (_,), clip_tokenizer = _clip_parts(with_projection=False, count=1)
     _, t5_tokenizer = _t5_parts()
@@ -228,15 +224,10 @@ def build_flux_dev(scale: int, device: str = "cpu", dtype=None):
                     eos_token_id=1,
                 )
             )
-            vae = AutoencoderKL(
-                block_out_channels=[max(32, c // scale // 32 * 32) for c in (128, 256, 512, 512)],
-                layers_per_block=2,
-                in_channels=3,
-                out_channels=3,
-                down_block_types=["DownEncoderBlock2D"] * 4,
-                up_block_types=["UpDecoderBlock2D"] * 4,
+            vae = _vae(
+                scale,
+                1024,
                 latent_channels=16,
-                sample_size=1024,
                 use_quant_conv=False,
                 use_post_quant_conv=False,
                 shift_factor=0.1159,
@@ -244,17 +235,9 @@ def build_flux_dev(scale: int, device: str = "cpu", dtype=None):
             )
     finally:
         torch.set_default_dtype(previous)
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        shift=3.0,
-        use_dynamic_shifting=True,
-        base_shift=0.5,
-        max_shift=1.15,
-        base_image_seq_len=256,
-        max_image_seq_len=4096,
-    )
     return FluxPipeline(
         transformer=transformer,
-        scheduler=scheduler,
+        scheduler=flux_scheduler(shift=3.0),
         vae=vae,
         text_encoder=text_encoder,
         tokenizer=clip_tokenizer,

@@ -125,13 +125,27 @@ def build_tiny_sd3_pipeline(seed: int = 0):
     )
 
 
+def flux_scheduler(shift: float):
+    """FLUX.1's flow-matching Euler with its resolution-dependent shift."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(
+        shift=shift,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=1.15,
+        base_image_seq_len=256,
+        max_image_seq_len=4096,
+    )
+
+
 def build_tiny_flux_pipeline(seed: int = 0, *, blocks: tuple[int, int] = (1, 1)):
     """FLUX.1's layout: CLIP for the pooled embedding, T5 for the sequence, double and
     single stream blocks over 2 x 2 packed latents, flow-matching Euler with the
     resolution-dependent shift. No guidance embedding (as FLUX.1-schnell). `blocks`: the
     double and single stream blocks (FLUX.1's are 19 and 38)."""
     import torch
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from diffusers import FluxPipeline, FluxTransformer2DModel
 
     torch.manual_seed(seed)
     (text_encoder,), tokenizer = _clip_parts(with_projection=False, count=1)
@@ -148,17 +162,9 @@ def build_tiny_flux_pipeline(seed: int = 0, *, blocks: tuple[int, int] = (1, 1))
         pooled_projection_dim=32,  # the CLIP's width
         axes_dims_rope=(4, 4, 8),  # sums to attention_head_dim
     )
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        shift=1.0,
-        use_dynamic_shifting=True,
-        base_shift=0.5,
-        max_shift=1.15,
-        base_image_seq_len=256,
-        max_image_seq_len=4096,
-    )
     return FluxPipeline(
         transformer=transformer,
-        scheduler=scheduler,
+        scheduler=flux_scheduler(shift=1.0),
         vae=_vae(latent_channels=latent_channels),
         text_encoder=text_encoder,
         tokenizer=tokenizer,
