@@ -15,9 +15,8 @@ own weights to set `[models.NAME.tiers.TIER] threshold`.
 
 Each model's first row, `bare`, is its pipeline called directly with the keywords the
 worker gives it for `exact`, on the same seeds (% of bare: its seconds against each
-row's; its PSNR against `exact`'s images: inf when the worker's call makes the same
-bytes, else the floor the same call reaches from run to run: FLUX.1-dev's 57 random
-blocks at a CPU's widths make the bare call differ from itself at about 50 dB).
+row's; its PSNR against `exact`'s images: inf where the worker's call makes the same
+bytes as the bare one, as it does eager).
 `--compile` runs each model again with the worker's own compile at the bench's size,
 warmed as a worker warms it (inductor on a GPU; `auto` scope: a transformer's blocks, a
 UNet whole), bare and tiers on the same compiled module.
@@ -48,9 +47,8 @@ def _pipeline(name: str, device: str):
         from bench.gpu import build_flux_dev
 
         pipeline = build_flux_dev(1 if gpu else 16, device, torch.bfloat16 if gpu else None)
-        pipeline.set_progress_bar_config(disable=True)
-        return pipeline, "flux", 1024 if gpu else 64
-    if name in ("sd15", "sdxl"):
+        family, size = "flux", 1024 if gpu else 64
+    elif name in ("sd15", "sdxl"):
         from bench.gpu import build
 
         pipeline = build(name, 1 if device.startswith("cuda") else 10)
@@ -69,9 +67,9 @@ def _pipeline(name: str, device: str):
         pipeline, family, size = builders[name](seed=0), name, 64
     for component in pipeline.components.values():
         if isinstance(component, torch.nn.Module):
-            component.eval()  # built in memory: as the worker's loader leaves them
-    dtype = torch.float16 if device.startswith("cuda") else torch.float32
-    pipeline.to(device, dtype)
+            component.eval()  # built in memory: as the worker's loader leaves them (no dropout)
+    if name != "flux-dev":  # FLUX.1-dev is made where and as it runs
+        pipeline.to(device, torch.float16 if gpu else torch.float32)
     pipeline.set_progress_bar_config(disable=True)
     return pipeline, family, size
 
